@@ -1,0 +1,1 @@
+"""The ``deleatur`` command: a thin shell over :class:`deleatur.Memory`."""

@@ -1,0 +1,342 @@
+"""The ``deleatur`` command line. Every command parses its options, calls one
+library function, and prints the result (``--json`` for scripts); no rule of
+the product lives here."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import __version__
+from ..clock import parse_when, system_clock
+from ..crypto.master import default_key_file, from_environment
+from ..errors import DeleaturError, InvalidInputError
+from ..memory import Memory
+from ..model import Hit, Record, Space, parse_metadata
+
+app = typer.Typer(
+    name="deleatur",
+    help="Agent memory with every GDPR data-subject right built in.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _default_store() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "deleatur" / "memory.db"
+
+
+class _Options:
+    store: Path = _default_store()
+    tenant: str = "default"
+    key_file: Path | None = None
+
+
+@app.callback()
+def _global(
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store", envvar="DELEATUR_STORE", help="Store file [default: $XDG_DATA_HOME/deleatur/memory.db]."
+        ),
+    ] = None,
+    tenant: Annotated[str, typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant.")] = "default",
+    master_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--master-key-file",
+            envvar="DELEATUR_MASTER_KEY_FILE",
+            help="Master key file [default: STORE.master-key];"
+            " DELEATUR_MASTER_KEY or DELEATUR_PASSPHRASE take precedence.",
+        ),
+    ] = None,
+) -> None:
+    _Options.store = store or _default_store()
+    _Options.tenant = tenant
+    _Options.key_file = master_key_file
+
+
+@contextmanager
+def _memory() -> Iterator[Memory]:
+    master = from_environment(_Options.store, _Options.key_file)
+    with Memory.open(_Options.store, master, tenant=_Options.tenant) as memory:
+        yield memory
+
+
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memory space.")]
+AgentOpt = Annotated[str, typer.Option("--agent", "-a", help="agent_id of the memory space.")]
+RunOpt = Annotated[str, typer.Option("--run", "-r", help="run_id of the memory space.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _emit(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+
+
+def _read_text(text: str) -> str:
+    """``-`` reads the text from standard input, which must be UTF-8."""
+    if text != "-":
+        return text
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"text on standard input is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _records_table(
+    records: Iterable[Record], *, scores: dict[str, float] | None = None, provenance: bool = False
+) -> Table:
+    table = Table(show_lines=False)
+    columns = ["id", "subject", "key", "status", "text"]
+    columns += ["score"] if scores is not None else []
+    columns += ["reason", "actor"] if provenance else []
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for r in records:
+        row = [r.id, r.subject_original, r.key or "", r.status.value, r.text]
+        row += [f"{scores[r.id]:.3f}"] if scores is not None else []
+        row += [r.reason or "", r.actor or ""] if provenance else []
+        table.add_row(*row)
+    return table
+
+
+@app.command()
+def init(as_json: JsonOpt = False) -> None:
+    """Create the store, its key store and a master key file (mode 0600)."""
+    _Options.store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env_master = os.environ.get("DELEATUR_MASTER_KEY") or os.environ.get("DELEATUR_PASSPHRASE")
+    master = from_environment(_Options.store, _Options.key_file) if env_master else None
+    key_file = _Options.key_file or default_key_file(_Options.store)
+    memory, info = Memory.init(_Options.store, master, key_file=key_file, tenant=_Options.tenant)
+    memory.close()
+    if as_json:
+        _emit(
+            {
+                "store": str(info.store),
+                "key_store": str(info.key_store),
+                "master_key": info.master_key,
+                "store_id": info.store_id,
+            }
+        )
+        return
+    out.print(f"store:      {info.store}")
+    out.print(f"key store:  {info.key_store}  (keep it out of database backups)")
+    out.print(f"master key: {info.master_key}")
+    out.print(f"store id:   {info.store_id}")
+
+
+@app.command()
+def remember(
+    text: Annotated[str, typer.Argument(help="The memory text ('-' reads standard input).")],
+    subject: Annotated[str, typer.Option("--subject", "-s", help="Who the memory is about.")],
+    key: Annotated[str | None, typer.Option("--key", "-k", help="Fact slot, e.g. alice::phone.")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="Where the memory came from.")] = None,
+    derived_from: Annotated[
+        list[str] | None, typer.Option("--derived-from", help="Id of a record this derives from.")
+    ] = None,
+    metadata: Annotated[str | None, typer.Option("--metadata", help="A JSON object.")] = None,
+    confidence: Annotated[float | None, typer.Option("--confidence", help="Between 0 and 1.")] = None,
+    expires_at: Annotated[str | None, typer.Option("--expires-at", help="ISO 8601 time or a delay like 30d.")] = None,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a memory; prints its id."""
+    meta = parse_metadata(metadata) if metadata is not None else None
+    try:
+        expires = None if expires_at is None else parse_when(expires_at, system_clock())
+    except ValueError as exc:
+        raise InvalidInputError(f"--expires-at: {exc}") from None
+    with _memory() as memory:
+        record = memory.remember(
+            _read_text(text),
+            subject=subject,
+            space=Space(user, agent, run),
+            key=key,
+            metadata=meta,
+            source=source,
+            confidence=confidence,
+            derived_from=derived_from or (),
+            expires_at=expires,
+        )
+    if as_json:
+        _emit(record.to_json())
+    else:
+        out.print(record.id)
+
+
+@app.command()
+def recall(
+    query: str,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Most results to return.")] = 10,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Full-text search (BM25) over the active memories of one space."""
+    with _memory() as memory:
+        hits: list[Hit] = memory.recall(query, space=Space(user, agent, run), limit=limit)
+    if as_json:
+        _emit([{**h.record.to_json(), "score": h.score} for h in hits])
+    elif not hits:
+        out.print("no matching memories")
+    else:
+        out.print(_records_table((h.record for h in hits), scores={h.record.id: h.score for h in hits}))
+
+
+@app.command()
+def get(
+    record_id: Annotated[str, typer.Argument(metavar="ID")],
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one memory."""
+    with _memory() as memory:
+        record = memory.get(record_id, space=Space(user, agent, run))
+    if as_json:
+        _emit(record.to_json())
+        return
+    table = Table(show_header=False)
+    for name, value in record.to_json().items():
+        table.add_row(
+            name,
+            "" if value is None else json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value,
+        )
+    out.print(table)
+
+
+@app.command("list")
+def list_(
+    subject: Annotated[str | None, typer.Option("--subject", "-s")] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k")] = None,
+    history: Annotated[bool, typer.Option("--history", help="Include retired and superseded records.")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1)] = None,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """List the memories of one space, oldest first."""
+    with _memory() as memory:
+        records = memory.list(
+            space=Space(user, agent, run), subject=subject, key=key, include_history=history, limit=limit
+        )
+        if as_json:
+            # Stream one JSON array without holding every record in memory.
+            sys.stdout.write("[")
+            for n, record in enumerate(records):
+                sys.stdout.write(("," if n else "") + json.dumps(record.to_json(), ensure_ascii=False))
+            sys.stdout.write("]\n")
+        else:
+            out.print(_records_table(records))
+
+
+@app.command()
+def forget(
+    record_id: Annotated[str | None, typer.Argument(metavar="[ID]")] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k", help="Retire the current value of this key.")] = None,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Retire a memory: no longer recalled, kept in history (use erasure to remove it)."""
+    with _memory() as memory:
+        record = memory.forget(space=Space(user, agent, run), record_id=record_id, key=key)
+    if as_json:
+        _emit(record.to_json())
+    else:
+        out.print(f"retired {record.id}" + (f" [key={record.key}]" if record.key else ""))
+
+
+@app.command()
+def history(
+    key: Annotated[str, typer.Option("--key", "-k")],
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Every version of a key, oldest first."""
+    with _memory() as memory:
+        records = memory.history(key, space=Space(user, agent, run))
+    if as_json:
+        _emit([r.to_json() for r in records])
+        return
+    out.print(_records_table(records, provenance=True))
+
+
+@app.command()
+def rectify(
+    text: Annotated[str, typer.Argument(help="The corrected text ('-' reads standard input).")],
+    key: Annotated[str, typer.Option("--key", "-k")],
+    reason: Annotated[str, typer.Option("--reason", help="Why the value is corrected (recorded).")],
+    actor: Annotated[str | None, typer.Option("--actor", help="Who corrects it [default: cli:$USER].")] = None,
+    erase_previous: Annotated[
+        bool, typer.Option("--erase-previous", help="Hard-delete the inaccurate earlier values.")
+    ] = False,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Art. 16: supersede the value of a key with a corrected one."""
+    with _memory() as memory:
+        record = memory.rectify(
+            key,
+            _read_text(text),
+            reason=reason,
+            actor=actor or f"cli:{getpass.getuser()}",
+            space=Space(user, agent, run),
+            erase_previous=erase_previous,
+        )
+    if as_json:
+        _emit(record.to_json())
+    else:
+        out.print(
+            f"{record.id} supersedes {record.supersedes}" + (" (earlier values erased)" if erase_previous else "")
+        )
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"error: {message}", markup=False, highlight=False)
+    raise SystemExit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except DeleaturError as exc:
+        _fail(exc.message, exc.exit_code)
+    except Exception as exc:
+        if os.environ.get("DELEATUR_DEBUG"):
+            raise
+        # The message of an unexpected error may quote data; the type name never does.
+        _fail(f"internal error ({type(exc).__name__}); set DELEATUR_DEBUG=1 for details", 1)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,1 @@
+"""Keys and encryption: the master key, per-subject data keys, blind indexes."""

@@ -1,0 +1,212 @@
+"""Per-subject data keys, kept in their own SQLite file beside the store.
+
+Every subject gets a random AES-256 data key; its records are encrypted under it.
+Data keys are stored only wrapped (AES-256-GCM) by a key derived from the master
+key. Destroying a subject's row here is crypto-shredding: every copy of its
+records, including database backups taken before, becomes unreadable.
+
+The key store holds no subject names: rows are found by ``subject_ref``, a keyed
+blind index (HMAC-SHA-256 under a key derived from the master key).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import OrderedDict
+from hashlib import sha256
+from pathlib import Path
+
+import apsw
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ..clock import Clock, Random
+from ..errors import DataKeyDestroyedError, MasterKeyError, NotADeleaturStoreError
+from ..sqlitefile import connect, immediate, scrub
+from .master import MasterKeySource
+
+KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
+KEYSTORE_SCHEMA_VERSION = 1
+_CHECK_PLAINTEXT = b"deleatur master key check v1"
+_NONCE = 12
+_CACHE_SIZE = 4096
+
+
+def _hkdf(master: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master)
+
+
+def _frame(parts: tuple[str | bytes, ...]) -> bytes:
+    # Length-prefix every part so ("user1", "0") and ("user10", "") never collide.
+    out = bytearray()
+    for part in parts:
+        raw = part.encode("utf-8") if isinstance(part, str) else part
+        out += len(raw).to_bytes(4, "big") + raw
+    return bytes(out)
+
+
+class BlindIndex:
+    """Keyed pseudonyms for values the store must look up but not hold in clear."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def ref(self, purpose: str, *parts: str | bytes) -> bytes:
+        return hmac.new(self._key, _frame((purpose, *parts)), sha256).digest()[:16]
+
+
+class KeyStore:
+    def __init__(
+        self, path: Path, *, store_id: str, conn: apsw.Connection, master: bytes, random: Random, clock: Clock
+    ) -> None:
+        self.path = path
+        self.store_id = store_id
+        self._conn = conn
+        self._wrap = AESGCM(_hkdf(master, b"deleatur/v1/wrap"))
+        self.index = BlindIndex(_hkdf(master, b"deleatur/v1/index"))
+        self._random = random
+        self._clock = clock
+        self._by_id: OrderedDict[bytes, AESGCM] = OrderedDict()
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        store_id: str,
+        master: MasterKeySource,
+        create: bool,
+        random: Random,
+        clock: Clock,
+        full_sync: bool = False,
+    ) -> KeyStore:
+        if not create and not path.exists():
+            raise MasterKeyError(f"key store {path} is missing: the store's records cannot be decrypted")
+        conn = connect(path, create=create, full_sync=full_sync)
+        try:
+            key = cls._initialize(conn, path, store_id=store_id, master=master, create=create, random=random)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, store_id=store_id, conn=conn, master=key, random=random, clock=clock)
+
+    @staticmethod
+    def _initialize(
+        conn: apsw.Connection, path: Path, *, store_id: str, master: MasterKeySource, create: bool, random: Random
+    ) -> bytes:
+        app_id = conn.execute("PRAGMA application_id").fetchall()[0][0]
+        if app_id == 0 and create:
+            salt = random(16)
+            key = master.derive(salt)
+            wrap = AESGCM(_hkdf(key, b"deleatur/v1/wrap"))
+            nonce = random(_NONCE)
+            check = nonce + wrap.encrypt(nonce, _CHECK_PLAINTEXT, store_id.encode())
+            with immediate(conn):
+                conn.execute(f"PRAGMA application_id = {KEYSTORE_APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {KEYSTORE_SCHEMA_VERSION}")
+                conn.execute("CREATE TABLE meta(k TEXT PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+                conn.execute(
+                    "CREATE TABLE data_keys(key_id BLOB PRIMARY KEY, tenant TEXT NOT NULL,"
+                    " subject_ref BLOB NOT NULL, wrapped BLOB NOT NULL, created_at INTEGER NOT NULL,"
+                    " UNIQUE(tenant, subject_ref))"
+                )
+                conn.executemany(
+                    "INSERT INTO meta(k, v) VALUES (?, ?)",
+                    [("store_id", store_id.encode()), ("kdf_salt", salt), ("master_check", check)],
+                )
+            return key
+        if app_id != KEYSTORE_APPLICATION_ID:
+            raise NotADeleaturStoreError(f"{path} is not a deleatur key store")
+        meta = {k: bytes(v) for k, v in conn.execute("SELECT k, v FROM meta")}
+        if meta.get("store_id") != store_id.encode():
+            raise MasterKeyError(f"key store {path} belongs to another store")
+        key = master.derive(meta["kdf_salt"])
+        wrap = AESGCM(_hkdf(key, b"deleatur/v1/wrap"))
+        check = meta["master_check"]
+        try:
+            wrap.decrypt(check[:_NONCE], check[_NONCE:], store_id.encode())
+        except InvalidTag:
+            raise MasterKeyError(f"wrong master key for {path} (from {master.description})") from None
+        return key
+
+    def _aad(self, key_id: bytes, tenant: str, subject_ref: bytes) -> bytes:
+        return _frame((self.store_id, key_id, tenant, subject_ref))
+
+    def _unwrap(self, key_id: bytes, tenant: str, subject_ref: bytes, wrapped: bytes) -> AESGCM:
+        try:
+            raw = self._wrap.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], self._aad(key_id, tenant, subject_ref))
+        except InvalidTag:
+            raise MasterKeyError("a data key failed authentication: the key store was altered") from None
+        aead = AESGCM(raw)
+        self._remember(key_id, aead)
+        return aead
+
+    def _remember(self, key_id: bytes, aead: AESGCM) -> None:
+        self._by_id[key_id] = aead
+        self._by_id.move_to_end(key_id)
+        if len(self._by_id) > _CACHE_SIZE:
+            self._by_id.popitem(last=False)
+
+    def key_for_subject(self, tenant: str, subject_ref: bytes) -> tuple[bytes, AESGCM]:
+        """The subject's data key, created if it has none yet.
+
+        Read straight from the file every time rather than cached by subject: another
+        process may have destroyed the key, and a write under a destroyed key would be
+        unreadable from the start.
+        """
+        row = self._conn.execute(
+            "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ).fetchone()
+        if row is None:
+            with immediate(self._conn):
+                # Re-read under the write lock: a concurrent process may have just made it.
+                row = self._conn.execute(
+                    "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?",
+                    (tenant, subject_ref),
+                ).fetchone()
+                if row is None:
+                    key_id = self._random(16)
+                    nonce = self._random(_NONCE)
+                    wrapped = nonce + self._wrap.encrypt(
+                        nonce, AESGCM.generate_key(bit_length=256), self._aad(key_id, tenant, subject_ref)
+                    )
+                    self._conn.execute(
+                        "INSERT INTO data_keys(key_id, tenant, subject_ref, wrapped, created_at)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (key_id, tenant, subject_ref, wrapped, self._clock()),
+                    )
+                    row = (key_id, wrapped)
+        key_id, wrapped = bytes(row[0]), bytes(row[1])
+        cached = self._by_id.get(key_id)
+        return key_id, cached if cached is not None else self._unwrap(key_id, tenant, subject_ref, wrapped)
+
+    def key_by_id(self, key_id: bytes) -> AESGCM:
+        cached = self._by_id.get(key_id)
+        if cached is not None:
+            return cached
+        row = self._conn.execute(
+            "SELECT tenant, subject_ref, wrapped FROM data_keys WHERE key_id = ?", (key_id,)
+        ).fetchone()
+        if row is None:
+            raise DataKeyDestroyedError("the data key for this record has been destroyed")
+        tenant, subject_ref, wrapped = row
+        assert isinstance(subject_ref, bytes) and isinstance(wrapped, bytes)
+        return self._unwrap(key_id, str(tenant), subject_ref, wrapped)
+
+    def destroy(self, tenant: str, subject_ref: bytes) -> int:
+        """Crypto-shred one subject: delete its data key and leave no copy in the -wal."""
+        with immediate(self._conn):
+            rows = self._conn.execute(
+                "DELETE FROM data_keys WHERE tenant = ? AND subject_ref = ? RETURNING key_id", (tenant, subject_ref)
+            ).fetchall()
+        for (key_id,) in rows:
+            assert isinstance(key_id, bytes)
+            self._by_id.pop(key_id, None)
+        scrub(self._conn)
+        return len(rows)
+
+    def close(self) -> None:
+        self._by_id.clear()
+        self._conn.close()

@@ -1,0 +1,99 @@
+"""Where the master key comes from.
+
+The master key wraps every subject's data key and derives the blind-index key.
+It never enters the database or the key store: it comes from a key file (mode
+0600, written by ``deleatur init``), from ``DELEATUR_MASTER_KEY`` (64 hex
+digits), or from a passphrase stretched with scrypt using a salt kept in the key
+store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from ..errors import MasterKeyError
+
+MASTER_KEY_BYTES = 32
+# scrypt cost: about 0.1 s and 32 MiB once per open (RFC 7914 §2 guidance for interactive use).
+_SCRYPT_N = 2**15
+_SCRYPT_R = 8
+_SCRYPT_P = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MasterKeySource:
+    """A way to obtain the master key; ``derive`` receives the key store's KDF salt."""
+
+    description: str
+    derive: Callable[[bytes], bytes]
+
+
+def _parse_hex(value: str, where: str) -> bytes:
+    try:
+        key = bytes.fromhex(value.strip())
+    except ValueError:
+        raise MasterKeyError(f"master key in {where} is not hex") from None
+    if len(key) != MASTER_KEY_BYTES:
+        raise MasterKeyError(f"master key in {where} must be {MASTER_KEY_BYTES} bytes (64 hex digits)")
+    return key
+
+
+def from_bytes(key: bytes) -> MasterKeySource:
+    if len(key) != MASTER_KEY_BYTES:
+        raise MasterKeyError(f"master key must be {MASTER_KEY_BYTES} bytes")
+    return MasterKeySource("an explicit key", lambda _salt: key)
+
+
+def from_hex(value: str, where: str = "DELEATUR_MASTER_KEY") -> MasterKeySource:
+    key = _parse_hex(value, where)
+    return MasterKeySource(where, lambda _salt: key)
+
+
+def from_passphrase(passphrase: str) -> MasterKeySource:
+    if not passphrase:
+        raise MasterKeyError("passphrase must not be empty")
+    secret = passphrase.encode("utf-8", "surrogateescape")
+
+    def derive(salt: bytes) -> bytes:
+        return Scrypt(salt=salt, length=MASTER_KEY_BYTES, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P).derive(secret)
+
+    return MasterKeySource("a passphrase (scrypt)", derive)
+
+
+def from_file(path: Path) -> MasterKeySource:
+    try:
+        content = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        raise MasterKeyError(f"master key file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MasterKeyError(f"cannot read master key file {path}: {exc}") from None
+    key = _parse_hex(content, str(path))
+    return MasterKeySource(str(path), lambda _salt: key)
+
+
+def write_key_file(path: Path, key: bytes) -> None:
+    """Create the key file with mode 0600 from the start (never world-readable, even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(key.hex() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def default_key_file(store_path: Path) -> Path:
+    return store_path.with_name(store_path.name + ".master-key")
+
+
+def from_environment(store_path: Path, key_file: Path | None = None) -> MasterKeySource:
+    """Resolve the master key the way the CLI does: env key, env passphrase, then key file."""
+    if value := os.environ.get("DELEATUR_MASTER_KEY"):
+        return from_hex(value)
+    if passphrase := os.environ.get("DELEATUR_PASSPHRASE"):
+        return from_passphrase(passphrase)
+    env_file = os.environ.get("DELEATUR_MASTER_KEY_FILE")
+    return from_file(key_file or (Path(env_file) if env_file else default_key_file(store_path)))

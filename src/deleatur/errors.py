@@ -1,0 +1,97 @@
+"""The one error tree of deleatur.
+
+Every error the library raises on purpose derives from :class:`DeleaturError`::
+
+    DeleaturError                      exit 1 unless a subclass says otherwise
+    ├── InvalidInputError              exit 2: the caller's input is wrong
+    │   └── NotFoundError              exit 2: unknown id, key or store
+    ├── StoreError                     exit 2: the store cannot be used as given
+    │   ├── NotADeleaturStoreError     the file is not a deleatur store
+    │   └── SchemaVersionError         the store was written by a newer deleatur
+    ├── KeyStoreError                  the keys protecting the store
+    │   ├── MasterKeyError             exit 2: master key missing or wrong
+    │   └── DataKeyDestroyedError      exit 1: the subject's data key is gone
+    └── IntegrityError                 exit 1: stored bytes fail authentication
+
+Errors carry context (``subject``, ``record_id``, ``request_id``) as attributes so
+that shells can report it, but their messages never contain record text: an
+error message ends up in logs, and logs must not hold erased plaintext.
+"""
+
+from __future__ import annotations
+
+
+class DeleaturError(Exception):
+    """Root of every error deleatur raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        subject: str | None = None,
+        record_id: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.subject = subject
+        self.record_id = record_id
+        self.request_id = request_id
+
+
+class InvalidInputError(DeleaturError):
+    """The caller passed something deleatur refuses (empty text, bad JSON, ...)."""
+
+    exit_code = 2
+
+
+class NotFoundError(InvalidInputError):
+    """An id, key or store the caller named does not exist (in the caller's space)."""
+
+
+class StoreError(DeleaturError):
+    """The store file cannot be opened or used as asked."""
+
+    exit_code = 2
+
+
+class NotADeleaturStoreError(StoreError):
+    """The file exists but was not written by deleatur."""
+
+
+class SchemaVersionError(StoreError):
+    """The store's schema is newer than this version of deleatur understands."""
+
+
+class KeyStoreError(DeleaturError):
+    """Something is wrong with the keys that protect the store."""
+
+
+class MasterKeyError(KeyStoreError):
+    """The master key is missing, malformed, or not the one the store was made with."""
+
+    exit_code = 2
+
+
+class DataKeyDestroyedError(KeyStoreError):
+    """The subject's data key no longer exists, so its records cannot be read."""
+
+
+class IntegrityError(DeleaturError):
+    """Stored ciphertext failed authentication: the file was altered or corrupted."""
+
+
+__all__ = [
+    "DataKeyDestroyedError",
+    "DeleaturError",
+    "IntegrityError",
+    "InvalidInputError",
+    "KeyStoreError",
+    "MasterKeyError",
+    "NotADeleaturStoreError",
+    "NotFoundError",
+    "SchemaVersionError",
+    "StoreError",
+]

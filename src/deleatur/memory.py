@@ -1,0 +1,525 @@
+"""The library entry point: an encrypted, subject-aware memory store.
+
+Every shell (CLI, HTTP, MCP) calls these methods; none of them holds logic of
+its own.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .clock import Clock, Random, system_clock, system_random
+from .crypto.keystore import KeyStore, _frame
+from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
+from .errors import IntegrityError, InvalidInputError, NotFoundError, StoreError
+from .ids import IdGenerator, is_record_id
+from .model import (
+    DEFAULT_MAX_TEXT_BYTES,
+    DEFAULT_SPACE,
+    Hit,
+    NewMemory,
+    Record,
+    Space,
+    Status,
+    canonical_key,
+    canonical_subject,
+    validate_text,
+)
+from .store.protocol import Backend, RowFilter, StoredRow
+from .store.sqlite import SQLiteBackend
+
+_NONCE = 12
+_MAX_QUERY_TERMS = 32
+_MAX_RECALL = 1000
+_WORD = re.compile(r"\w+")
+
+
+def keystore_path(store_path: Path) -> Path:
+    return store_path.with_name(store_path.name + ".keys")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """Where a store's parts live; printed by ``deleatur init``."""
+
+    store: Path
+    key_store: Path
+    master_key: str
+    store_id: str
+    tenant: str
+
+
+def _dumps(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class Memory:
+    """An open store. Use :meth:`open` or :meth:`init`; close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        keys: KeyStore,
+        *,
+        tenant: str,
+        master_description: str,
+        clock: Clock,
+        random: Random,
+        max_text_bytes: int,
+    ) -> None:
+        self.backend = backend
+        self.keys = keys
+        self.tenant = Space(user_id=tenant).user_id  # same rules as a user id
+        self.master_description = master_description
+        self.max_text_bytes = max_text_bytes
+        self._clock = clock
+        self._random = random
+        self._ids = IdGenerator(clock, random)
+
+    # -- opening -----------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        master: MasterKeySource,
+        *,
+        tenant: str = "default",
+        clock: Clock = system_clock,
+        random: Random = system_random,
+        max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+        full_sync: bool = False,
+        create: bool = False,
+    ) -> Memory:
+        store_path = Path(path)
+        backend = SQLiteBackend.open(store_path, create=create, clock=clock, full_sync=full_sync)
+        try:
+            keys = KeyStore.open(
+                keystore_path(store_path),
+                store_id=backend.store_id,
+                master=master,
+                create=create,
+                random=random,
+                clock=clock,
+                full_sync=full_sync,
+            )
+        except BaseException:
+            backend.close()
+            raise
+        return cls(
+            backend,
+            keys,
+            tenant=tenant,
+            master_description=master.description,
+            clock=clock,
+            random=random,
+            max_text_bytes=max_text_bytes,
+        )
+
+    @classmethod
+    def init(
+        cls,
+        path: str | os.PathLike[str],
+        master: MasterKeySource | None = None,
+        *,
+        key_file: Path | None = None,
+        tenant: str = "default",
+        clock: Clock = system_clock,
+        random: Random = system_random,
+        max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    ) -> tuple[Memory, StoreInfo]:
+        """Create a store, its key store and (unless ``master`` is given) a master key file.
+
+        Refuses to touch anything that already exists, and removes what it made if a
+        later step fails, so a failed init leaves the directory as it was.
+        """
+        store_path = Path(path)
+        made: list[Path] = []
+        existing = [p for p in (store_path, keystore_path(store_path)) if p.exists()]
+        if master is None:
+            key_file = key_file or default_key_file(store_path)
+            existing += [key_file] if key_file.exists() else []
+        if existing:
+            raise StoreError(f"{existing[0]} already exists; refusing to overwrite it")
+        if not store_path.parent.is_dir():
+            raise NotFoundError(f"directory {store_path.parent} does not exist")
+        try:
+            if master is None:
+                assert key_file is not None
+                write_key_file(key_file, random(MASTER_KEY_BYTES))
+                made.append(key_file)
+                master = from_file(key_file)
+            made += [store_path, keystore_path(store_path)]
+            memory = cls.open(
+                store_path,
+                master,
+                tenant=tenant,
+                clock=clock,
+                random=random,
+                max_text_bytes=max_text_bytes,
+                create=True,
+            )
+        except BaseException:
+            for created in made:
+                for part in (created, *(created.with_name(created.name + s) for s in ("-wal", "-shm"))):
+                    part.unlink(missing_ok=True)
+            raise
+        return memory, memory.info()
+
+    def info(self) -> StoreInfo:
+        return StoreInfo(
+            store=Path(self.backend.files()[0]),
+            key_store=self.keys.path,
+            master_key=self.master_description,
+            store_id=self.backend.store_id,
+            tenant=self.tenant,
+        )
+
+    def close(self) -> None:
+        self.keys.close()
+        self.backend.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    # -- encryption --------------------------------------------------------------
+
+    def _subject_ref(self, canonical: str) -> bytes:
+        return self.keys.index.ref("subject", self.tenant, canonical)
+
+    def _key_ref(self, space: Space, key: str) -> bytes:
+        return self.keys.index.ref("key", self.tenant, space.user_id, space.agent_id, space.run_id, key)
+
+    def _scope_token(self, space: Space) -> str:
+        # One opaque token per space: the index matches it exactly, so "user1"
+        # never matches "user10", and the index holds no user ids in clear.
+        return "s" + self.keys.index.ref("scope", self.tenant, space.user_id, space.agent_id, space.run_id).hex()
+
+    def _aad(self, record_id: str, subject_ref: bytes) -> bytes:
+        return _frame(("deleatur/record/v1", self.backend.store_id, self.tenant, record_id, subject_ref))
+
+    def _decrypt(self, row: StoredRow) -> Record:
+        aead = self.keys.key_by_id(row.key_id)
+        try:
+            plain = aead.decrypt(row.ciphertext[:_NONCE], row.ciphertext[_NONCE:], self._aad(row.id, row.subject_ref))
+        except InvalidTag:
+            raise IntegrityError(f"record {row.id} failed authentication", record_id=row.id) from None
+        payload = json.loads(plain)
+        return Record(
+            id=row.id,
+            tenant=row.tenant,
+            space=row.space,
+            subject=payload["subject"],
+            subject_original=payload["subject_original"],
+            key=payload["key"],
+            text=payload["text"],
+            metadata=payload["metadata"],
+            source=payload["source"],
+            confidence=row.confidence,
+            derived_from=row.derived_from,
+            status=row.status,
+            supersedes=row.supersedes,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            expires_at=row.expires_at,
+            nonce=bytes.fromhex(payload["nonce"]),
+            reason=payload["reason"],
+            actor=payload["actor"],
+        )
+
+    # -- writing -----------------------------------------------------------------
+
+    def remember(
+        self,
+        text: str,
+        *,
+        subject: str,
+        space: Space = DEFAULT_SPACE,
+        key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        source: str | None = None,
+        confidence: float | None = None,
+        derived_from: Iterable[str] = (),
+        expires_at: int | None = None,
+    ) -> Record:
+        """Write one memory; a new value for an existing key supersedes the old one."""
+        item = NewMemory(
+            text=text,
+            subject=subject,
+            key=key,
+            metadata=metadata or {},
+            source=source,
+            confidence=confidence,
+            derived_from=tuple(derived_from),
+            expires_at=expires_at,
+        )
+        return self.remember_many([item], space=space)[0]
+
+    def remember_many(self, items: Iterable[NewMemory], *, space: Space = DEFAULT_SPACE) -> list[Record]:
+        """Write many memories in one transaction: all of them, or none."""
+        batch = list(items)
+        for item in batch:
+            validate_text(item.text, self.max_text_bytes)
+        if not batch:
+            return []
+        keys = self._data_keys(batch)
+        with self.backend.atomic():
+            return [self._write(item, space, keys) for item in self._check_lineage(batch)]
+
+    def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
+        """Each subject's (subject_ref, key_id, key), made before the write transaction:
+        a data key whose records never commit is harmless, a record without its key is not."""
+        keys: dict[str, tuple[bytes, bytes, AESGCM]] = {}
+        for item in batch:
+            canonical = canonical_subject(item.subject)
+            if canonical not in keys:
+                ref = self._subject_ref(canonical)
+                keys[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
+        return keys
+
+    def _check_lineage(self, batch: list[NewMemory]) -> list[NewMemory]:
+        lineage = {parent for item in batch for parent in item.derived_from}
+        for parent in lineage:
+            if not is_record_id(parent):
+                raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
+        missing = lineage - self.backend.existing_ids(self.tenant, lineage)
+        if missing:
+            raise NotFoundError(f"derived_from names unknown record id {sorted(missing)[0]}")
+        return batch
+
+    def _write(
+        self,
+        item: NewMemory,
+        space: Space,
+        keys: Mapping[str, tuple[bytes, bytes, AESGCM]],
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> Record:
+        """Insert one record (inside the caller's transaction), superseding its key's current value."""
+        canonical = canonical_subject(item.subject)
+        subject_ref, key_id, aead = keys[canonical]
+        now = self._clock()
+        key = None if item.key is None else canonical_key(item.key)
+        key_ref = None if key is None else self._key_ref(space, key)
+        supersedes = None
+        if key_ref is not None:
+            current = self.backend.active_by_key(self.tenant, space, key_ref)
+            if current is not None:
+                self._deactivate(current, Status.SUPERSEDED, now)
+                supersedes = current.id
+        record = Record(
+            id=self._ids.new(),
+            tenant=self.tenant,
+            space=space,
+            subject=canonical,
+            subject_original=item.subject,
+            key=key,
+            text=item.text,
+            metadata=dict(item.metadata),
+            source=item.source,
+            confidence=item.confidence,
+            derived_from=tuple(sorted(set(item.derived_from))),
+            status=Status.ACTIVE,
+            supersedes=supersedes,
+            created_at=now,
+            updated_at=now,
+            expires_at=item.expires_at,
+            nonce=self._random(16),
+            reason=reason,
+            actor=actor,
+        )
+        payload = _dumps(
+            {
+                "v": 1,
+                "text": record.text,
+                "metadata": record.metadata,
+                "subject": canonical,
+                "subject_original": record.subject_original,
+                "key": key,
+                "source": record.source,
+                "nonce": record.nonce.hex(),
+                "reason": reason,
+                "actor": actor,
+            }
+        )
+        nonce = self._random(_NONCE)
+        row = StoredRow(
+            id=record.id,
+            tenant=self.tenant,
+            space=space,
+            subject_ref=subject_ref,
+            key_ref=key_ref,
+            key_id=key_id,
+            status=Status.ACTIVE,
+            supersedes=supersedes,
+            confidence=record.confidence,
+            created_at=now,
+            updated_at=now,
+            expires_at=record.expires_at,
+            ciphertext=nonce + aead.encrypt(nonce, payload, self._aad(record.id, subject_ref)),
+            derived_from=record.derived_from,
+        )
+        self.backend.insert(row, index_text=record.text, scope_token=self._scope_token(space))
+        return record
+
+    def rectify(
+        self,
+        key: str,
+        text: str,
+        *,
+        reason: str,
+        actor: str,
+        space: Space = DEFAULT_SPACE,
+        erase_previous: bool = False,
+    ) -> Record:
+        """Art. 16: replace the current value of ``key`` with a corrected one.
+
+        The new record supersedes the old and records who corrected it and why. With
+        ``erase_previous`` every earlier value of the key is hard-deleted, with the same
+        forensic guarantees as an erasure.
+        """
+        validate_text(text, self.max_text_bytes)
+        if not reason or not reason.strip():
+            raise InvalidInputError("rectify needs a reason")
+        if not actor or not actor.strip():
+            raise InvalidInputError("rectify needs an actor")
+        key_ref = self._key_ref(space, canonical_key(key))
+        with self.backend.atomic():
+            # Read the current value under the write lock, so a concurrent writer's
+            # newer value is the one superseded, never silently orphaned.
+            current_row = self.backend.active_by_key(self.tenant, space, key_ref)
+            if current_row is None:
+                raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+            current = self._decrypt(current_row)
+            item = NewMemory(
+                text=text,
+                subject=current.subject_original,
+                key=current.key,
+                metadata=current.metadata,
+                source=current.source,
+                confidence=current.confidence,
+                derived_from=current.derived_from,
+                expires_at=current.expires_at,
+            )
+            record = self._write(item, space, self._data_keys([item]), reason=reason.strip(), actor=actor.strip())
+            if erase_previous:
+                self._purge([r for r in self.backend.history(self.tenant, space, key_ref) if r.id != record.id])
+        if erase_previous:
+            self.backend.scrub()
+        return record
+
+    def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
+        """Retire a fact: it is no longer recalled, and stays in history."""
+        if (record_id is None) == (key is None):
+            raise InvalidInputError("forget needs exactly one of an id or a key")
+        with self.backend.atomic():
+            if record_id is not None:
+                row = self._row_in_space(record_id, space)
+                if row.status is not Status.ACTIVE:
+                    raise InvalidInputError(
+                        f"record {record_id} is {row.status.value}, not ACTIVE", record_id=record_id
+                    )
+            else:
+                assert key is not None
+                found = self.backend.active_by_key(self.tenant, space, self._key_ref(space, canonical_key(key)))
+                if found is None:
+                    raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+                row = found
+            self._deactivate(row, Status.RETIRED, self._clock())
+        return self.get(row.id, space=space)
+
+    def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:
+        """Take an active row out of recall: new status, and its terms out of the index."""
+        self.backend.unindex(row.id, index_text=self._decrypt(row).text, scope_token=self._scope_token(row.space))
+        self.backend.set_status(row.id, status, now)
+
+    def _purge(self, rows: Iterable[StoredRow]) -> int:
+        """Hard-delete rows inside the caller's transaction; the caller scrubs after commit."""
+        doomed = list(rows)
+        for row in doomed:
+            if row.status is Status.ACTIVE:
+                self.backend.unindex(
+                    row.id, index_text=self._decrypt(row).text, scope_token=self._scope_token(row.space)
+                )
+        return self.backend.purge(row.id for row in doomed)
+
+    def _hard_delete(self, record_ids: Iterable[str]) -> int:
+        """The lowest-level delete: rows, lineage and index terms, then a scrub.
+
+        Erasure and rectification build on this; it writes no tombstone.
+        """
+        with self.backend.atomic():
+            rows = [row for rid in record_ids if (row := self.backend.get(self.tenant, rid)) is not None]
+            count = self._purge(rows)
+        self.backend.scrub()
+        return count
+
+    # -- reading -----------------------------------------------------------------
+
+    def _row_in_space(self, record_id: str, space: Space) -> StoredRow:
+        if not is_record_id(record_id):
+            raise InvalidInputError(f"{record_id!r} is not a record id")
+        row = self.backend.get(self.tenant, record_id)
+        # A record in another space is reported exactly like a missing one, so a caller
+        # cannot probe which ids exist outside its space.
+        if row is None or row.space != space:
+            raise NotFoundError(f"no record {record_id} in this space", record_id=record_id)
+        return row
+
+    def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
+        return self._decrypt(self._row_in_space(record_id, space))
+
+    def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> list[Hit]:
+        """Full-text search (BM25) over the active, unexpired records of one space."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
+            raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
+        words = _WORD.findall(query if isinstance(query, str) else "")
+        if not words:
+            raise InvalidInputError("query has no searchable words")
+        terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in dict.fromkeys(words[:_MAX_QUERY_TERMS]))
+        fts = f"body:({terms}) AND scope:{self._scope_token(space)}"
+        hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit)
+        return [Hit(self._decrypt(row), score) for row, score in hits]
+
+    def list(
+        self,
+        *,
+        space: Space = DEFAULT_SPACE,
+        subject: str | None = None,
+        key: str | None = None,
+        include_history: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[Record]:
+        """Records of one space, oldest first, streamed; active ones unless ``include_history``."""
+        where = RowFilter(
+            tenant=self.tenant,
+            space=space,
+            subject_ref=None if subject is None else self._subject_ref(canonical_subject(subject)),
+            key_ref=None if key is None else self._key_ref(space, canonical_key(key)),
+            statuses=frozenset(Status) if include_history else frozenset({Status.ACTIVE}),
+            limit=limit,
+        )
+        for row in self.backend.select(where):
+            yield self._decrypt(row)
+
+    def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
+        """Every version of a key in one space, oldest first."""
+        rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
+        if not rows:
+            raise NotFoundError(f"no record with key {canonical_key(key)!r} in this space")
+        return [self._decrypt(r) for r in rows]

@@ -1,0 +1,218 @@
+"""Plain, validated domain types: spaces, records and what a caller writes."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clock import isoformat
+from .errors import InvalidInputError
+
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
+_NAME_MAX = 256
+_WS = re.compile(r"\s+")
+
+
+class Status(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    RETIRED = "RETIRED"
+    SUPERSEDED = "SUPERSEDED"
+
+
+def _check_utf8(value: str, what: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates: what Python makes of undecodable bytes in argv or files.
+        raise InvalidInputError(f"{what} is not valid UTF-8") from None
+
+
+def _check_name(value: str, what: str, *, allow_empty: bool) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string")
+    _check_utf8(value, what)
+    if not allow_empty and not value:
+        raise InvalidInputError(f"{what} must not be empty")
+    if len(value) > _NAME_MAX:
+        raise InvalidInputError(f"{what} is longer than {_NAME_MAX} characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise InvalidInputError(f"{what} contains control characters")
+    return value
+
+
+def canonical_subject(original: str) -> str:
+    """NFKC, case-folded, trimmed, inner whitespace collapsed.
+
+    NFKC runs again after case folding because folding can produce
+    non-normalized sequences; the result is a fixed point of this function.
+    """
+    _check_name(original, "subject", allow_empty=True)
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", original).casefold())
+    canonical = _WS.sub(" ", folded).strip()
+    if not canonical:
+        raise InvalidInputError("subject must not be empty")
+    return canonical
+
+
+def canonical_key(original: str) -> str:
+    """Fact-slot keys get the same folding as subjects: `Alice::Phone` is `alice::phone`."""
+    _check_name(original, "key", allow_empty=True)
+    canonical = canonical_subject(original) if original.strip() else ""
+    if not canonical:
+        raise InvalidInputError("key must not be empty")
+    return canonical
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """Where a memory lives inside a tenant. Matching is exact on all three parts."""
+
+    user_id: str = "default"
+    agent_id: str = ""
+    run_id: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name(self.user_id, "user_id", allow_empty=False)
+        _check_name(self.agent_id, "agent_id", allow_empty=True)
+        _check_name(self.run_id, "run_id", allow_empty=True)
+
+
+def validate_text(text: str, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
+    if not isinstance(text, str):
+        raise InvalidInputError("text must be a string")
+    _check_utf8(text, "text")
+    if not text.strip():
+        raise InvalidInputError("text must not be empty")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInputError(f"text is {size} bytes, over the {max_bytes}-byte limit")
+    return text
+
+
+def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError("metadata must be a JSON object")
+    try:
+        # Round-trip through strict JSON so what is stored is exactly what export returns.
+        encoded = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
+        encoded.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"metadata is not valid JSON: {exc}") from None
+    decoded: dict[str, Any] = json.loads(encoded)
+    return decoded
+
+
+def parse_metadata(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError("metadata must be a JSON object")
+    return validate_metadata(value)
+
+
+def validate_confidence(confidence: float | None) -> float | None:
+    if confidence is None:
+        return None
+    if isinstance(confidence, bool) or not isinstance(confidence, int | float):
+        raise InvalidInputError("confidence must be a number")
+    if not math.isfinite(confidence) or not 0.0 <= confidence <= 1.0:
+        raise InvalidInputError("confidence must be between 0 and 1")
+    return float(confidence)
+
+
+@dataclass(frozen=True, slots=True)
+class NewMemory:
+    """One memory a caller wants written; validated on construction."""
+
+    text: str
+    subject: str
+    key: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    confidence: float | None = None
+    derived_from: tuple[str, ...] = ()
+    expires_at: int | None = None
+
+    def __post_init__(self) -> None:
+        canonical_subject(self.subject)
+        if self.key is not None:
+            canonical_key(self.key)
+        if self.source is not None:
+            _check_name(self.source, "source", allow_empty=False)
+        object.__setattr__(self, "metadata", validate_metadata(self.metadata))
+        object.__setattr__(self, "confidence", validate_confidence(self.confidence))
+        object.__setattr__(self, "derived_from", tuple(self.derived_from))
+        if self.expires_at is not None and (isinstance(self.expires_at, bool) or not isinstance(self.expires_at, int)):
+            raise InvalidInputError("expires_at must be microseconds since the epoch")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A stored memory, decrypted."""
+
+    id: str
+    tenant: str
+    space: Space
+    subject: str
+    subject_original: str
+    key: str | None
+    text: str
+    metadata: Mapping[str, Any]
+    source: str | None
+    confidence: float | None
+    derived_from: tuple[str, ...]
+    status: Status
+    supersedes: str | None
+    created_at: int
+    updated_at: int
+    expires_at: int | None
+    nonce: bytes
+    reason: str | None = None
+    actor: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented JSON shape of a record (the nonce is a salt, not data)."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "user_id": self.space.user_id,
+            "agent_id": self.space.agent_id,
+            "run_id": self.space.run_id,
+            "subject": self.subject,
+            "subject_original": self.subject_original,
+            "key": self.key,
+            "text": self.text,
+            "metadata": dict(self.metadata),
+            "source": self.source,
+            "confidence": self.confidence,
+            "derived_from": list(self.derived_from),
+            "status": self.status.value,
+            "supersedes": self.supersedes,
+            "reason": self.reason,
+            "actor": self.actor,
+            "created_at": isoformat(self.created_at),
+            "updated_at": isoformat(self.updated_at),
+            "expires_at": None if self.expires_at is None else isoformat(self.expires_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A recall result: a record and its BM25 score (higher is better)."""
+
+    record: Record
+    score: float
+
+
+#: The space of a caller that names none: user "default", no agent, no run.
+DEFAULT_SPACE = Space()

@@ -1,0 +1,73 @@
+"""Opening SQLite files so that deleted data leaves no trace.
+
+Both the record store and the key store go through :func:`connect`. Each pragma
+is set on its own statement and read back: apsw runs a multi-statement string
+lazily, and a silently ignored ``secure_delete`` would leave erased text on
+freelist pages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import apsw
+
+from .errors import NotADeleaturStoreError, StoreError
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _pragma(conn: apsw.Connection, name: str, value: str, expect: str | int) -> None:
+    conn.execute(f"PRAGMA {name} = {value}").fetchall()
+    got = conn.execute(f"PRAGMA {name}").fetchone()
+    if got is None or str(got[0]).lower() != str(expect).lower():
+        raise StoreError(f"could not set PRAGMA {name}={value} (got {got!r})")
+
+
+def connect(path: Path, *, create: bool, full_sync: bool = False) -> apsw.Connection:
+    flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
+    try:
+        conn = apsw.Connection(str(path), flags=flags)
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA schema_version").fetchall()
+    except apsw.NotADBError:
+        raise NotADeleaturStoreError(f"{path} is not a deleatur store (not an SQLite database)") from None
+    except apsw.CantOpenError:
+        raise StoreError(f"cannot open {path}") from None
+    try:
+        _pragma(conn, "secure_delete", "ON", 1)
+        _pragma(conn, "journal_mode", "WAL", "wal")
+        # NORMAL in WAL mode: a committed transaction survives a crash of the process
+        # (it is in the -wal file); FULL also survives power loss, at an fsync per commit.
+        _pragma(conn, "synchronous", "FULL" if full_sync else "NORMAL", 2 if full_sync else 1)
+        _pragma(conn, "temp_store", "MEMORY", 2)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[None]:
+    """A write transaction that takes the lock up front, so concurrent writers queue
+    on the busy timeout instead of failing with SQLITE_BUSY on lock upgrade."""
+    conn.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK").fetchall()
+        raise
+    conn.execute("COMMIT").fetchall()
+
+
+def scrub(conn: apsw.Connection) -> None:
+    """Move every committed page into the main file and empty the -wal file, so old
+    page images holding removed data do not linger there."""
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+def sidecar_files(path: Path) -> list[Path]:
+    """Every file SQLite may write for the database at ``path``."""
+    return [path] + [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]

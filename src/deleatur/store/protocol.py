@@ -1,0 +1,89 @@
+"""The small protocol every record-store backend implements.
+
+A backend stores rows whose personal content is already encrypted; it sees
+plaintext only to feed its full-text index. Everything else (validation, keys,
+supersession rules) lives above it, in :mod:`deleatur.memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..model import Space, Status
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    id: str
+    tenant: str
+    space: Space
+    subject_ref: bytes
+    key_ref: bytes | None
+    key_id: bytes
+    status: Status
+    supersedes: str | None
+    confidence: float | None
+    created_at: int
+    updated_at: int
+    expires_at: int | None
+    ciphertext: bytes
+    derived_from: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """Which rows of one space to list; ``None`` means "any"."""
+
+    tenant: str
+    space: Space
+    subject_ref: bytes | None = None
+    key_ref: bytes | None = None
+    statuses: frozenset[Status] = frozenset({Status.ACTIVE})
+    limit: int | None = None
+
+
+class Backend(Protocol):
+    store_id: str
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """One write transaction; everything inside commits together or not at all."""
+        ...
+
+    def insert(self, row: StoredRow, *, index_text: str, scope_token: str) -> None: ...
+
+    def get(self, tenant: str, record_id: str) -> StoredRow | None: ...
+
+    def existing_ids(self, tenant: str, ids: Iterable[str]) -> set[str]: ...
+
+    def active_by_key(self, tenant: str, space: Space, key_ref: bytes) -> StoredRow | None: ...
+
+    def set_status(self, record_id: str, status: Status, updated_at: int) -> None: ...
+
+    def unindex(self, record_id: str, *, index_text: str, scope_token: str) -> None:
+        """Remove a row's terms from the full-text index. The caller passes exactly what
+        it indexed: a contentless index can only remove terms it is told."""
+        ...
+
+    def search(
+        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int
+    ) -> list[tuple[StoredRow, float]]: ...
+
+    def select(self, where: RowFilter) -> Iterator[StoredRow]: ...
+
+    def history(self, tenant: str, space: Space, key_ref: bytes) -> list[StoredRow]: ...
+
+    def purge(self, record_ids: Iterable[str]) -> int:
+        """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows first)."""
+        ...
+
+    def scrub(self) -> None:
+        """After a purge commits: leave no removed bytes in journals or free pages."""
+        ...
+
+    def files(self) -> list[Path]: ...
+
+    def close(self) -> None: ...

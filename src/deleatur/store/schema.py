@@ -1,0 +1,94 @@
+"""The SQLite store's schema, its version, and the path from each version to the next.
+
+``PRAGMA application_id`` marks the file as ours; ``PRAGMA user_version`` holds
+the schema version. Opening a store runs every migration from its version up to
+:data:`SCHEMA_VERSION`, all in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+
+from ..errors import NotADeleaturStoreError, SchemaVersionError, StoreError
+from ..sqlitefile import immediate
+
+APPLICATION_ID = 0x444C5452  # "DLTR"
+
+
+def _v1(conn: apsw.Connection) -> None:
+    statements = [
+        "CREATE TABLE meta(k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID",
+        """CREATE TABLE records(
+            rowid INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            agent_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            subject_ref BLOB NOT NULL,
+            key_ref BLOB,
+            key_id BLOB NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('ACTIVE', 'RETIRED', 'SUPERSEDED')),
+            supersedes TEXT,
+            confidence REAL,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            expires_at INTEGER,
+            ciphertext BLOB NOT NULL
+        )""",
+        "CREATE INDEX records_space ON records(tenant, user_id, agent_id, run_id, status)",
+        "CREATE INDEX records_subject ON records(tenant, subject_ref)",
+        "CREATE INDEX records_key ON records(tenant, user_id, agent_id, run_id, key_ref) WHERE key_ref IS NOT NULL",
+        "CREATE TABLE lineage(child TEXT NOT NULL, parent TEXT NOT NULL, PRIMARY KEY (child, parent)) WITHOUT ROWID",
+        "CREATE INDEX lineage_parent ON lineage(parent)",
+        # Contentless: the index keeps terms, never a copy of the text. Not
+        # contentless_delete=1: that records deletions as tombstones and leaves the
+        # terms on disk until a merge; removal goes through the 'delete' command instead.
+        "CREATE VIRTUAL TABLE ft USING fts5(body, scope, content='', tokenize='unicode61 remove_diacritics 2')",
+        # Deleting from the index removes the terms from its b-tree pages instead of
+        # recording a delete marker beside them (SQLite >= 3.42).
+        "INSERT INTO ft(ft, rank) VALUES ('secure-delete', 1)",
+    ]
+    for sql in statements:
+        conn.execute(sql).fetchall()
+
+
+#: MIGRATIONS[n] turns a version n-1 store into version n.
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+def _int(conn: apsw.Connection, sql: str) -> int:
+    value = conn.execute(sql).fetchall()[0][0]
+    assert isinstance(value, int)
+    return value
+
+
+def prepare(conn: apsw.Connection, path: Path, *, create: bool, new_meta: dict[str, str]) -> None:
+    """Check the file is a deleatur store we understand, creating or migrating it."""
+    app_id = _int(conn, "PRAGMA application_id")
+    if app_id != APPLICATION_ID:
+        if app_id != 0 or _int(conn, "SELECT count(*) FROM sqlite_schema") > 0:
+            raise NotADeleaturStoreError(f"{path} is not a deleatur store")
+        if not create:
+            raise StoreError(f"{path} is an empty database, not an initialized store; run `deleatur init`")
+    latest = max(MIGRATIONS)
+    version = _int(conn, "PRAGMA user_version")
+    if version > latest:
+        raise SchemaVersionError(
+            f"{path} has schema version {version}; this deleatur understands up to {latest}: upgrade deleatur"
+        )
+    if version == latest:
+        return
+    with immediate(conn):
+        # Re-read under the lock: another process may have migrated meanwhile.
+        version = _int(conn, "PRAGMA user_version")
+        for target in range(version + 1, latest + 1):
+            MIGRATIONS[target](conn)
+        if version == 0:
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}").fetchall()
+            conn.executemany("INSERT INTO meta(k, v) VALUES (?, ?)", list(new_meta.items()))
+        conn.execute(f"PRAGMA user_version = {latest}").fetchall()

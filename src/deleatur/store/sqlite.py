@@ -1,0 +1,204 @@
+"""The embedded default backend: one SQLite file (through apsw, for a current
+SQLite whose FTS5 supports ``secure-delete``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from ..clock import Clock
+from ..errors import NotFoundError, StoreError
+from ..model import Space, Status
+from ..sqlitefile import connect, immediate, scrub, sidecar_files
+from .protocol import RowFilter, StoredRow
+from .schema import prepare
+
+_COLUMNS = (
+    "id, tenant, user_id, agent_id, run_id, subject_ref, key_ref, key_id, status,"
+    " supersedes, confidence, created_at, updated_at, expires_at, ciphertext"
+)
+_R_COLUMNS = ", ".join("r." + c.strip() for c in _COLUMNS.split(","))
+_LINEAGE = "(SELECT group_concat(parent, ' ') FROM lineage WHERE child = r.id)"
+_SPACE = "r.tenant = ? AND r.user_id = ? AND r.agent_id = ? AND r.run_id = ?"
+
+
+def _row(values: tuple[Any, ...]) -> StoredRow:
+    lineage = values[15]
+    return StoredRow(
+        id=values[0],
+        tenant=values[1],
+        space=Space(values[2], values[3], values[4]),
+        subject_ref=bytes(values[5]),
+        key_ref=None if values[6] is None else bytes(values[6]),
+        key_id=bytes(values[7]),
+        status=Status(values[8]),
+        supersedes=values[9],
+        confidence=values[10],
+        created_at=values[11],
+        updated_at=values[12],
+        expires_at=values[13],
+        ciphertext=bytes(values[14]),
+        derived_from=tuple(sorted(lineage.split(" "))) if lineage else (),
+    )
+
+
+def _space_args(tenant: str, space: Space) -> tuple[str, str, str, str]:
+    return (tenant, space.user_id, space.agent_id, space.run_id)
+
+
+class SQLiteBackend:
+    def __init__(self, path: Path, conn: apsw.Connection) -> None:
+        self.path = path
+        self._conn = conn
+        meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
+        self.store_id: str = meta["store_id"]
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
+        if not create and not path.exists():
+            raise NotFoundError(f"no store at {path}; run `deleatur init` first")
+        if path.is_dir():
+            raise StoreError(f"{path} is a directory, not a store file")
+        conn = connect(path, create=create, full_sync=full_sync)
+        try:
+            prepare(conn, path, create=create, new_meta={"store_id": uuid.uuid4().hex, "created_at": str(clock())})
+            return cls(path, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def atomic(self) -> AbstractContextManager[None]:
+        return immediate(self._conn)
+
+    def insert(self, row: StoredRow, *, index_text: str, scope_token: str) -> None:
+        self._conn.execute(
+            f"INSERT INTO records({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.id,
+                row.tenant,
+                row.space.user_id,
+                row.space.agent_id,
+                row.space.run_id,
+                row.subject_ref,
+                row.key_ref,
+                row.key_id,
+                row.status.value,
+                row.supersedes,
+                row.confidence,
+                row.created_at,
+                row.updated_at,
+                row.expires_at,
+                row.ciphertext,
+            ),
+        )
+        rowid = self._conn.last_insert_rowid()
+        if row.derived_from:
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", [(row.id, p) for p in row.derived_from]
+            )
+        if row.status is Status.ACTIVE:
+            self._conn.execute("INSERT INTO ft(rowid, body, scope) VALUES (?, ?, ?)", (rowid, index_text, scope_token))
+
+    def _one(self, sql: str, args: tuple[Any, ...]) -> StoredRow | None:
+        found = self._conn.execute(sql, args).fetchone()
+        return None if found is None else _row(found)
+
+    def get(self, tenant: str, record_id: str) -> StoredRow | None:
+        return self._one(
+            f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.id = ? AND r.tenant = ?", (record_id, tenant)
+        )
+
+    def existing_ids(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            found.update(
+                r[0]
+                for r in self._conn.execute(
+                    f"SELECT id FROM records WHERE tenant = ? AND id IN ({marks})", (tenant, *chunk)
+                )
+            )
+        return found
+
+    def active_by_key(self, tenant: str, space: Space, key_ref: bytes) -> StoredRow | None:
+        return self._one(
+            f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE} AND r.key_ref = ? AND r.status = 'ACTIVE'",
+            (*_space_args(tenant, space), key_ref),
+        )
+
+    def set_status(self, record_id: str, status: Status, updated_at: int) -> None:
+        self._conn.execute(
+            "UPDATE records SET status = ?, updated_at = ? WHERE id = ?", (status.value, updated_at, record_id)
+        )
+
+    def unindex(self, record_id: str, *, index_text: str, scope_token: str) -> None:
+        self._conn.execute(
+            "INSERT INTO ft(ft, rowid, body, scope) SELECT 'delete', rowid, ?, ? FROM records WHERE id = ?",
+            (index_text, scope_token, record_id),
+        )
+
+    def search(
+        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int
+    ) -> list[tuple[StoredRow, float]]:
+        rows = self._conn.execute(
+            f"SELECT {_R_COLUMNS}, {_LINEAGE}, bm25(ft, 1.0, 0.0) AS score"
+            " FROM ft JOIN records r ON r.rowid = ft.rowid"
+            f" WHERE ft MATCH ? AND {_SPACE} AND r.status = 'ACTIVE'"
+            " AND (r.expires_at IS NULL OR r.expires_at > ?)"
+            " ORDER BY score LIMIT ?",
+            (fts_query, *_space_args(tenant, space), now, limit),
+        ).fetchall()
+        # FTS5's bm25() is "lower is better"; callers get "higher is better".
+        return [(_row(r[:16]), -float(r[16] or 0.0)) for r in rows]
+
+    def select(self, where: RowFilter) -> Iterator[StoredRow]:
+        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE}"
+        args: list[Any] = list(_space_args(where.tenant, where.space))
+        if where.subject_ref is not None:
+            sql += " AND r.subject_ref = ?"
+            args.append(where.subject_ref)
+        if where.key_ref is not None:
+            sql += " AND r.key_ref = ?"
+            args.append(where.key_ref)
+        statuses = sorted(s.value for s in where.statuses)
+        sql += f" AND r.status IN ({', '.join('?' * len(statuses))}) ORDER BY r.id"
+        args.extend(statuses)
+        if where.limit is not None:
+            sql += " LIMIT ?"
+            args.append(where.limit)
+        for values in self._conn.execute(sql, args):
+            yield _row(values)
+
+    def history(self, tenant: str, space: Space, key_ref: bytes) -> list[StoredRow]:
+        return [
+            _row(v)
+            for v in self._conn.execute(
+                f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE} AND r.key_ref = ? ORDER BY r.id",
+                (*_space_args(tenant, space), key_ref),
+            )
+        ]
+
+    def purge(self, record_ids: Iterable[str]) -> int:
+        count = 0
+        for record_id in dict.fromkeys(record_ids):
+            count += (
+                self._conn.execute("DELETE FROM records WHERE id = ? RETURNING 1", (record_id,)).fetchone() is not None
+            )
+            self._conn.execute("DELETE FROM lineage WHERE child = ?", (record_id,))
+        return count
+
+    def scrub(self) -> None:
+        scrub(self._conn)
+
+    def files(self) -> list[Path]:
+        return sidecar_files(self.path)
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,164 @@
+"""The master key, per-subject data keys and crypto-shredding."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from deleatur import (
+    DataKeyDestroyedError,
+    IntegrityError,
+    MasterKeyError,
+    Memory,
+    from_bytes,
+    from_file,
+    from_hex,
+    from_passphrase,
+)
+from deleatur.memory import keystore_path
+
+from .conftest import MASTER, store_files
+
+
+def test_init_writes_a_0600_key_file_outside_the_database(tmp_path: Path) -> None:
+    store = tmp_path / "m.db"
+    memory, info = Memory.init(store)
+    memory.remember("hello", subject="a")
+    memory.close()
+    key_file = tmp_path / "m.db.master-key"
+    assert info.master_key == str(key_file)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = bytes.fromhex(key_file.read_text())
+    for path in store_files(store):
+        if path != key_file:
+            assert key not in path.read_bytes(), path
+    with Memory.open(store, from_file(key_file)) as again:
+        assert [r.text for r in again.list()] == ["hello"]
+
+
+def test_wrong_master_key_is_refused(store_path: Path) -> None:
+    Memory.open(store_path, from_bytes(MASTER), create=True).close()
+    with pytest.raises(MasterKeyError, match="wrong master key"):
+        Memory.open(store_path, from_bytes(bytes(32)))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: from_hex("abcd"), "must be 32 bytes"),
+        (lambda: from_hex("zz" * 32), "not hex"),
+        (lambda: from_file(Path("/nonexistent/key")), "does not exist"),
+        (lambda: from_passphrase(""), "must not be empty"),
+    ],
+)
+def test_malformed_master_keys_are_refused(make: object, message: str) -> None:
+    with pytest.raises(MasterKeyError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_missing_key_store_is_refused(store_path: Path) -> None:
+    Memory.open(store_path, from_bytes(MASTER), create=True).close()
+    keystore_path(store_path).unlink()
+    with pytest.raises(MasterKeyError, match=r"key store .* is missing"):
+        Memory.open(store_path, from_bytes(MASTER))
+
+
+def test_passphrase_master_key(store_path: Path) -> None:
+    with Memory.open(store_path, from_passphrase("correct horse"), create=True) as memory:
+        memory.remember("kept", subject="a")
+    with Memory.open(store_path, from_passphrase("correct horse")) as memory:
+        assert [r.text for r in memory.list()] == ["kept"]
+    with pytest.raises(MasterKeyError, match="wrong master key"):
+        Memory.open(store_path, from_passphrase("wrong horse"))
+
+
+def test_each_subject_has_its_own_data_key(memory: Memory) -> None:
+    a = memory.remember("one", subject="alice")
+    b = memory.remember("two", subject="bob")
+    c = memory.remember("three", subject="ALICE")
+    key_ids = []
+    for record in (a, b, c):
+        row = memory.backend.get(memory.tenant, record.id)
+        assert row is not None
+        key_ids.append(row.key_id)
+    assert key_ids[0] == key_ids[2] != key_ids[1]
+
+
+def test_names_and_keys_never_appear_in_clear(memory: Memory, store_path: Path) -> None:
+    memory.remember("some text", subject="Zebulon Quartermain", key="zebulon::passport", source="crm/zebulon")
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path)).lower()
+    for needle in (b"zebulon", b"quartermain", b"passport"):
+        assert needle not in blob
+
+
+def test_tampered_ciphertext_fails_authentication(memory: Memory) -> None:
+    record = memory.remember("hello", subject="a")
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    blob = bytearray(conn.execute("SELECT ciphertext FROM records WHERE id = ?", (record.id,)).fetchone()[0])
+    blob[20] ^= 0x01
+    conn.execute("UPDATE records SET ciphertext = ? WHERE id = ?", (bytes(blob), record.id))
+    with pytest.raises(IntegrityError, match="failed authentication"):
+        memory.get(record.id)
+
+
+def test_ciphertext_moved_to_another_row_fails(memory: Memory) -> None:
+    a = memory.remember("alice text", subject="alice")
+    b = memory.remember("other alice text", subject="alice")
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute(
+        "UPDATE records SET ciphertext = (SELECT ciphertext FROM records WHERE id = ?) WHERE id = ?", (a.id, b.id)
+    )
+    with pytest.raises(IntegrityError):
+        memory.get(b.id)
+
+
+def test_destroyed_key_makes_old_backups_unreadable(memory: Memory, store_path: Path, tmp_path: Path) -> None:
+    doomed = memory.remember("Carol's diagnosis", subject="Carol")
+    kept = memory.remember("Dave's order", subject="Dave")
+    memory.backend.scrub()
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    backup = backup_dir / "mem.db"
+    shutil.copy(store_path, backup)  # a database backup taken before the erasure
+
+    ref = memory._subject_ref("carol")
+    assert memory.keys.destroy(memory.tenant, ref) == 1
+    with pytest.raises(DataKeyDestroyedError):
+        memory.get(doomed.id)
+
+    # Pair the old database copy with today's key store, as a restore would.
+    shutil.copy(keystore_path(store_path), keystore_path(backup))
+    with Memory.open(backup, from_bytes(MASTER)) as restored:
+        assert restored.get(kept.id).text == "Dave's order"
+        with pytest.raises(DataKeyDestroyedError):
+            restored.get(doomed.id)
+
+
+def test_destroyed_key_leaves_no_bytes_in_the_key_store(memory: Memory, store_path: Path) -> None:
+    memory.remember("x", subject="Carol")
+    ref = memory._subject_ref("carol")
+    row = memory.keys._conn.execute("SELECT wrapped FROM data_keys WHERE subject_ref = ?", (ref,)).fetchone()
+    assert row is not None
+    wrapped = bytes(row[0])
+    memory.keys.destroy(memory.tenant, ref)
+    for path in (keystore_path(store_path), *(Path(str(keystore_path(store_path)) + s) for s in ("-wal", "-shm"))):
+        if path.exists():
+            data = path.read_bytes()
+            assert wrapped not in data and wrapped[12:28] not in data and ref not in data, path
+
+
+def test_data_key_created_by_one_handle_is_seen_by_another(store_path: Path) -> None:
+    with (
+        Memory.open(store_path, from_bytes(MASTER), create=True) as one,
+        Memory.open(store_path, from_bytes(MASTER)) as two,
+    ):
+        a = one.remember("from one", subject="shared")
+        b = two.remember("from two", subject="shared")
+        assert one.get(b.id).text == "from two"
+        assert two.get(a.id).text == "from one"
+        assert os.path.exists(keystore_path(store_path))

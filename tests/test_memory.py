@@ -1,0 +1,191 @@
+"""The operations of the library, run against every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Space, Status, from_bytes
+
+from .conftest import MASTER, FakeClock
+
+
+def test_remember_then_get_round_trips_every_field(memory: Memory) -> None:
+    parent = memory.remember("Alice said she moved", subject="Alice")
+    record = memory.remember(
+        "Alice lives in Lyon",
+        subject="  ALICE ",
+        key="Alice::City",
+        metadata={"channel": "chat", "n": [1, 2]},
+        source="crm/alice",
+        confidence=0.8,
+        derived_from=[parent.id],
+        expires_at=memory._clock() + 10**9,
+    )
+    got = memory.get(record.id)
+    assert got == record
+    assert got.subject == "alice" and got.subject_original == "  ALICE "
+    assert got.key == "alice::city"
+    assert got.derived_from == (parent.id,)
+    assert got.status is Status.ACTIVE
+    assert len(got.nonce) == 16 and got.nonce != parent.nonce
+
+
+def test_new_value_for_a_key_supersedes_the_old(memory: Memory, clock: FakeClock) -> None:
+    first = memory.remember("phone +100", subject="Alice", key="alice::phone")
+    clock.advance(1)
+    second = memory.remember("phone +200", subject="Alice", key="alice::phone")
+    assert second.supersedes == first.id
+    assert memory.get(first.id).status is Status.SUPERSEDED
+    assert [h.record.id for h in memory.recall("phone")] == [second.id]
+    assert [r.text for r in memory.history("alice::phone")] == ["phone +100", "phone +200"]
+
+
+def test_recall_ranks_by_bm25_and_honours_limit(memory: Memory) -> None:
+    memory.remember_many(
+        [
+            NewMemory("the weather in Lyon is mild", subject="w"),
+            NewMemory("Lyon Lyon Lyon is where Alice lives, Lyon", subject="alice"),
+            NewMemory("nothing to see here", subject="x"),
+        ]
+    )
+    hits = memory.recall("Lyon")
+    assert [h.record.subject for h in hits] == ["alice", "w"]
+    assert hits[0].score > hits[1].score
+    assert len(memory.recall("Lyon", limit=1)) == 1
+    # Punctuation and FTS syntax in a query are words, not operators.
+    assert len(memory.recall('Lyon" OR scope:*')) == 2
+
+
+def test_recall_is_scoped_to_one_exact_space(memory: Memory) -> None:
+    memory.remember("user1 secret plan", subject="a", space=Space("user1"))
+    memory.remember("user10 secret plan", subject="b", space=Space("user10"))
+    memory.remember("agent secret plan", subject="c", space=Space("user1", agent_id="bot"))
+    assert [h.record.text for h in memory.recall("secret", space=Space("user1"))] == ["user1 secret plan"]
+    assert [h.record.text for h in memory.recall("secret", space=Space("user10"))] == ["user10 secret plan"]
+    assert [h.record.text for h in memory.recall("secret", space=Space("user1", "bot"))] == ["agent secret plan"]
+    assert memory.recall("secret", space=Space("user")) == []
+    assert [r.text for r in memory.list(space=Space("user1"))] == ["user1 secret plan"]
+
+
+def test_get_from_another_space_is_not_found(memory: Memory) -> None:
+    record = memory.remember("private", subject="a", space=Space("user1"))
+    with pytest.raises(NotFoundError, match="no record"):
+        memory.get(record.id, space=Space("user10"))
+
+
+def test_tenants_are_hard_partitions(store_path: Path, clock: FakeClock) -> None:
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True, tenant="acme") as acme:
+        record = acme.remember("acme fact", subject="alice")
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock, tenant="globex") as globex:
+        assert globex.recall("acme") == []
+        assert list(globex.list()) == []
+        with pytest.raises(NotFoundError):
+            globex.get(record.id)
+
+
+def test_forget_retires_but_keeps_history(memory: Memory) -> None:
+    record = memory.remember("Alice likes tea", subject="Alice", key="alice::drink")
+    retired = memory.forget(record_id=record.id)
+    assert retired.status is Status.RETIRED
+    assert memory.recall("tea") == []
+    assert list(memory.list()) == []
+    assert [r.status for r in memory.list(include_history=True)] == [Status.RETIRED]
+    assert [r.id for r in memory.history("alice::drink")] == [record.id]
+    with pytest.raises(InvalidInputError, match="RETIRED, not ACTIVE"):
+        memory.forget(record_id=record.id)
+
+
+def test_forget_by_key(memory: Memory) -> None:
+    memory.remember("v1", subject="a", key="k")
+    current = memory.remember("v2", subject="a", key="k")
+    assert memory.forget(key="k").id == current.id
+    with pytest.raises(NotFoundError, match="no active value for key 'k'"):
+        memory.forget(key="k")
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        memory.forget()
+
+
+def test_rectify_records_reason_and_actor(memory: Memory) -> None:
+    old = memory.remember("Alice phone +100", subject="Alice", key="alice::phone", source="crm", confidence=0.5)
+    new = memory.rectify("alice::phone", "Alice phone +111", reason="subject's request", actor="dpo@example")
+    assert new.supersedes == old.id
+    assert (new.reason, new.actor) == ("subject's request", "dpo@example")
+    assert (new.subject_original, new.source, new.confidence) == ("Alice", "crm", 0.5)
+    assert memory.get(old.id).status is Status.SUPERSEDED
+    assert [r.text for r in memory.history("alice::phone")] == ["Alice phone +100", "Alice phone +111"]
+
+
+def test_rectify_erase_previous_hard_deletes_earlier_values(memory: Memory) -> None:
+    first = memory.remember("wrong one", subject="a", key="k")
+    second = memory.remember("wrong two", subject="a", key="k")
+    new = memory.rectify("k", "right", reason="inaccurate", actor="ops", erase_previous=True)
+    assert [r.id for r in memory.history("k")] == [new.id]
+    for gone in (first, second):
+        with pytest.raises(NotFoundError):
+            memory.get(gone.id)
+
+
+def test_rectify_errors(memory: Memory) -> None:
+    with pytest.raises(NotFoundError, match="no active value"):
+        memory.rectify("missing", "x", reason="r", actor="a")
+    memory.remember("v", subject="a", key="k")
+    with pytest.raises(InvalidInputError, match="needs a reason"):
+        memory.rectify("k", "x", reason=" ", actor="a")
+
+
+def test_list_filters_by_subject_and_key(memory: Memory) -> None:
+    memory.remember("a1", subject="Alice", key="alice::x")
+    memory.remember("a2", subject="alice")
+    memory.remember("b1", subject="Bob", key="bob::x")
+    assert [r.text for r in memory.list(subject="ALICE")] == ["a1", "a2"]
+    assert [r.text for r in memory.list(key="bob::x")] == ["b1"]
+    assert [r.text for r in memory.list(limit=1)] == ["a1"]
+
+
+def test_history_of_unknown_key_is_not_found(memory: Memory) -> None:
+    with pytest.raises(NotFoundError, match="no record with key"):
+        memory.history("nope")
+
+
+def test_expired_records_are_never_recalled(memory: Memory, clock: FakeClock) -> None:
+    memory.remember("short lived note", subject="a", expires_at=clock.now + 5_000_000)
+    assert len(memory.recall("note")) == 1
+    clock.advance(6)
+    assert memory.recall("note") == []
+
+
+def test_lineage_must_name_existing_records(memory: Memory) -> None:
+    with pytest.raises(NotFoundError, match="unknown record id"):
+        memory.remember("x", subject="a", derived_from=["01a22a03-19d9-75ea-b6f8-0a895b612b14"])
+    with pytest.raises(InvalidInputError, match="not a record id"):
+        memory.remember("x", subject="a", derived_from=["nope"])
+
+
+def test_remember_many_is_all_or_nothing(memory: Memory) -> None:
+    good = NewMemory("fine", subject="a")
+    bad = NewMemory("bad lineage", subject="a", derived_from=("01a22a03-19d9-75ea-b6f8-0a895b612b14",))
+    with pytest.raises(NotFoundError):
+        memory.remember_many([good, bad])
+    assert list(memory.list(include_history=True)) == []
+    with pytest.raises(InvalidInputError, match="over the"):
+        memory.remember_many([good, NewMemory("x" * 70_000, subject="a")])
+    assert list(memory.list(include_history=True)) == []
+    assert len(memory.remember_many([good, good])) == 2
+
+
+def test_multiple_spaces_per_user_keep_their_own_keys(memory: Memory) -> None:
+    a = Space("alice", agent_id="support")
+    b = Space("alice", agent_id="sales")
+    memory.remember("support value", subject="x", key="k", space=a)
+    memory.remember("sales value", subject="x", key="k", space=b)
+    assert [r.text for r in memory.history("k", space=a)] == ["support value"]
+    assert [r.text for r in memory.history("k", space=b)] == ["sales value"]
+
+
+def test_text_size_cap_is_configurable(store_path: Path) -> None:
+    with Memory.open(store_path, from_bytes(MASTER), create=True, max_text_bytes=8) as mem:
+        with pytest.raises(InvalidInputError, match="9 bytes, over the 8-byte limit"):
+            mem.remember("123456789", subject="a")
+        assert mem.remember("12345678", subject="a").text == "12345678"

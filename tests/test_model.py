@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deleatur import InvalidInputError, NewMemory, Space, canonical_subject
+from deleatur.model import canonical_key, parse_metadata, validate_text
+
+
+def test_canonical_subject_folds_case_width_and_space() -> None:
+    assert canonical_subject("  Alice   SMITH ") == "alice smith"
+    assert canonical_subject("\uff21\uff2c\uff29\uff23\uff25") == "alice"  # fullwidth ALICE, NFKC
+    assert canonical_subject("Straße") == "strasse"  # case folding, not lower()
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_canonical_subject_is_idempotent(value: str) -> None:
+    try:
+        once = canonical_subject(value)
+    except InvalidInputError:
+        return
+    assert canonical_subject(once) == once
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "a\x00b", "a\nb", "\udcff"])
+def test_bad_subjects_are_refused(bad: str) -> None:
+    with pytest.raises(InvalidInputError, match="subject"):
+        canonical_subject(bad)
+
+
+def test_key_is_canonical_and_nonempty() -> None:
+    assert canonical_key(" Alice::Phone ") == "alice::phone"
+    with pytest.raises(InvalidInputError, match="key must not be empty"):
+        canonical_key("  ")
+
+
+def test_space_requires_a_user() -> None:
+    with pytest.raises(InvalidInputError, match="user_id must not be empty"):
+        Space("")
+    assert Space() == Space("default", "", "")
+
+
+def test_text_validation_names_the_problem() -> None:
+    with pytest.raises(InvalidInputError, match="must not be empty"):
+        validate_text(" \n ")
+    with pytest.raises(InvalidInputError, match="over the 10-byte limit"):
+        validate_text("x" * 11, max_bytes=10)
+    with pytest.raises(InvalidInputError, match="not valid UTF-8"):
+        validate_text("bad \udcff byte")
+    assert validate_text("é" * 5, max_bytes=10) == "é" * 5  # limit counts UTF-8 bytes
+
+
+def test_metadata_must_be_a_json_object() -> None:
+    assert parse_metadata('{"a": [1, 2]}') == {"a": [1, 2]}
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        parse_metadata("{oops")
+    with pytest.raises(InvalidInputError, match="JSON object"):
+        parse_metadata("[1]")
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        NewMemory(text="t", subject="s", metadata={"x": float("nan")})
+
+
+def test_confidence_range() -> None:
+    with pytest.raises(InvalidInputError, match="between 0 and 1"):
+        NewMemory(text="t", subject="s", confidence=1.5)
+    assert NewMemory(text="t", subject="s", confidence=1).confidence == 1.0
