@@ -276,6 +276,9 @@ class Memory:
             validate_text(item.text, self.max_text_bytes)
         if not batch:
             return []
+        # Refuse bad lineage before any data key is made, so a refused write leaves
+        # no trace in the key store either; checked again under the write lock.
+        self._check_lineage(batch)
         keys = self._data_keys(batch)
         with self.backend.atomic():
             return [self._write(item, space, keys) for item in self._check_lineage(batch)]

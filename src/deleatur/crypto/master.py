@@ -66,14 +66,19 @@ def from_passphrase(passphrase: str) -> MasterKeySource:
 
 
 def from_file(path: Path) -> MasterKeySource:
-    try:
-        content = path.read_text(encoding="ascii")
-    except FileNotFoundError:
-        raise MasterKeyError(f"master key file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MasterKeyError(f"cannot read master key file {path}: {exc}") from None
-    key = _parse_hex(content, str(path))
-    return MasterKeySource(str(path), lambda _salt: key)
+    """Read lazily, when the store asks for the key: a missing store is reported as
+    such, not as a missing key file."""
+
+    def derive(_salt: bytes) -> bytes:
+        try:
+            content = path.read_text(encoding="ascii")
+        except FileNotFoundError:
+            raise MasterKeyError(f"master key file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MasterKeyError(f"cannot read master key file {path}: {exc}") from None
+        return _parse_hex(content, str(path))
+
+    return MasterKeySource(str(path), derive)
 
 
 def write_key_file(path: Path, key: bytes) -> None:

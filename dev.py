@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The two quickstart commands, needing nothing but Python 3.11+.
+
+    python3 dev.py demo   # install into .venv and walk through the product
+    python3 dev.py test   # install into .venv, then ruff, mypy --strict and the test suite
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+
+
+def _run(*args: str | Path) -> None:
+    result = subprocess.run([str(a) for a in args], cwd=ROOT, check=False)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def _install() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit(f"deleatur needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    if not (BIN / "python").exists():
+        print("creating .venv", flush=True)
+        venv.create(VENV, with_pip=True)
+    stamp = VENV / ".installed"
+    if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
+        print("installing deleatur and its development tools into .venv", flush=True)
+        _run(BIN / "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+        _run(BIN / "python", "-m", "pip", "install", "--quiet", "-e", ".[dev]")
+        stamp.touch()
+
+
+def demo() -> None:
+    _install()
+    _run(BIN / "python", ROOT / "examples" / "walkthrough.py")
+
+
+def test() -> None:
+    _install()
+    _run(BIN / "ruff", "check", "src", "tests", "bench", "examples", "dev.py")
+    _run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "examples", "dev.py")
+    _run(BIN / "mypy")
+    _run(BIN / "pytest", *sys.argv[2:])
+
+
+if __name__ == "__main__":
+    commands = {"demo": demo, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit("usage: python3 dev.py demo | test [pytest arguments]")
+    commands[sys.argv[1]]()

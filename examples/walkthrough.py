@@ -1,0 +1,88 @@
+"""The main job, end to end through the real ``deleatur`` command, in a fresh
+temporary store: every line printed with ``$`` is a command a user could type."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DELEATUR = Path(sys.executable).with_name("deleatur")
+
+
+def step(title: str) -> None:
+    print(f"\n# {title}", flush=True)
+
+
+def run(*args: str, expect: int = 0) -> str:
+    print("$ deleatur " + shlex.join(args), flush=True)
+    result = subprocess.run([str(DELEATUR), *args], capture_output=True, text=True, check=False)
+    sys.stdout.write(result.stdout)
+    sys.stdout.write(result.stderr)
+    if result.returncode != expect:
+        sys.exit(f"walkthrough failed: exit code {result.returncode}, expected {expect}")
+    return result.stdout.strip()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="deleatur-demo-") as tmp:
+        os.environ["DELEATUR_STORE"] = str(Path(tmp) / "memory.db")
+        os.environ.setdefault("COLUMNS", "140")
+
+        step("Create a store: the database, its key store, and a master key file (mode 0600)")
+        run("init")
+
+        step("An agent remembers facts about two people, each tagged with its subject")
+        run("remember", "Alice prefers email over phone calls", "--subject", "Alice Martin", "--source", "crm/alice")
+        run("remember", "Alice's phone is +33 6 12 34 56 78", "--subject", "Alice Martin", "--key", "alice::phone")
+        bob = run("remember", "Bob's phone is +1 555 0100", "--subject", "Bob Stone", "--key", "bob::phone")
+        run("remember", "Bob asked for a refund on order 1042", "--subject", "bob stone", "--derived-from", bob)
+        run("remember", "Support note for another customer", "--subject", "Carol", "--user", "user10")
+
+        step("Recall ranks by BM25 within one memory space")
+        run("recall", "phone")
+        run("recall", "phone", "--user", "user1")
+
+        step("A new value for a key supersedes the old one; both stay in history")
+        run("remember", "Alice's phone is +33 6 99 99 99 99", "--subject", "Alice Martin", "--key", "alice::phone")
+        run("history", "--key", "alice::phone")
+
+        step("Art. 16 rectification: the inaccurate value is corrected, with reason and actor recorded")
+        run(
+            "rectify",
+            "Alice's phone is +33 6 99 99 99 90",
+            "--key",
+            "alice::phone",
+            "--reason",
+            "subject reported a typo",
+            "--actor",
+            "dpo@example.com",
+            "--erase-previous",
+        )
+        run("history", "--key", "alice::phone")
+
+        step("Retire a fact that stopped being true: no longer recalled, kept in history")
+        run("forget", "--key", "bob::phone")
+        run("list")
+        run("list", "--history", "--subject", "Bob Stone")
+
+        step("Scripts get JSON")
+        run("list", "--subject", "ALICE MARTIN", "--json")
+
+        step("Bad input is refused with a clear error and exit code 2, and nothing is written")
+        run("remember", "   ", "--subject", "Alice Martin", expect=2)
+        run("get", "not-an-id", expect=2)
+
+        step("On disk: names, keys and texts are encrypted under per-subject keys")
+        blob = b"".join(p.read_bytes() for p in Path(tmp).iterdir())
+        for needle in ("Alice Martin", "alice::phone", "+33 6 99 99 99 90"):
+            print(f"{needle!r} in any store file: {needle.encode() in blob}")
+
+        print("\nwalkthrough complete")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""The CLI as a user drives it: output, --json, exit codes, and bad input that
+leaves the store exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur.cli.app import main
+from deleatur.memory import keystore_path
+
+DELEATUR = Path(sys.executable).with_name("deleatur")
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """Run the CLI in-process (fast); returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("DELEATUR_STORE", str(tmp_path / "cli.db"))
+    for var in ("DELEATUR_MASTER_KEY", "DELEATUR_PASSPHRASE", "DELEATUR_MASTER_KEY_FILE", "DELEATUR_TENANT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["deleatur", *args])
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", _Stdin(stdin))
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+class _Stdin:
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self.buffer = io.BytesIO(data)
+
+
+def _snapshot(store: Path) -> tuple[object, ...]:
+    """Everything a write could change, read through a separate connection."""
+    conn = apsw.Connection(str(store), flags=apsw.SQLITE_OPEN_READONLY)
+    keys = apsw.Connection(str(keystore_path(store)), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return (
+            conn.execute("SELECT id, status, updated_at, ciphertext FROM records ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM lineage ORDER BY child").fetchall(),
+            keys.execute("SELECT key_id, wrapped FROM data_keys ORDER BY key_id").fetchall(),
+        )
+    finally:
+        conn.close()
+        keys.close()
+
+
+@pytest.fixture
+def store(cli: Cli, tmp_path: Path) -> Path:
+    code, out, _ = cli("init")
+    assert code == 0, out
+    assert cli("remember", "Alice phone is +100", "--subject", "Alice", "--key", "alice::phone")[0] == 0
+    return tmp_path / "cli.db"
+
+
+def test_init_prints_where_everything_is(cli: Cli, tmp_path: Path) -> None:
+    code, out, _ = cli("init", "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["store"] == str(tmp_path / "cli.db")
+    assert info["key_store"] == str(tmp_path / "cli.db.keys")
+    assert info["master_key"] == str(tmp_path / "cli.db.master-key")
+    code, _, err = cli("init")
+    assert code == 2
+    assert "already exists" in err
+
+
+def test_every_operation_through_the_cli(cli: Cli, store: Path) -> None:
+    code, out, _ = cli("remember", "Alice phone is +200", "-s", "Alice", "-k", "alice::phone", "--json")
+    assert code == 0
+    second = json.loads(out)
+    assert second["supersedes"] is not None
+    code, out, _ = cli(
+        "remember",
+        "Alice said hello",
+        "-s",
+        "Alice",
+        "--source",
+        "chat",
+        "--metadata",
+        '{"lang": "en"}',
+        "--confidence",
+        "0.9",
+        "--derived-from",
+        second["id"],
+        "--expires-at",
+        "30d",
+    )
+    assert code == 0
+    derived_id = out.strip()
+
+    code, out, _ = cli("get", derived_id, "--json")
+    got = json.loads(out)
+    assert (got["source"], got["metadata"], got["confidence"], got["derived_from"]) == (
+        "chat",
+        {"lang": "en"},
+        0.9,
+        [second["id"]],
+    )
+    assert got["expires_at"] is not None
+
+    code, out, _ = cli("recall", "phone", "--json")
+    assert [h["text"] for h in json.loads(out)] == ["Alice phone is +200"]
+    code, out, _ = cli("recall", "phone")
+    assert "Alice phone is +200" in out
+
+    code, out, _ = cli("history", "--key", "alice::phone", "--json")
+    assert [r["status"] for r in json.loads(out)] == ["SUPERSEDED", "ACTIVE"]
+
+    code, out, _ = cli("rectify", "Alice phone is +201", "--key", "alice::phone", "--reason", "typo", "--json")
+    assert code == 0
+    rectified = json.loads(out)
+    assert rectified["reason"] == "typo"
+    assert rectified["actor"].startswith("cli:")
+
+    code, out, _ = cli("forget", derived_id, "--json")
+    assert json.loads(out)["status"] == "RETIRED"
+    code, out, _ = cli("list", "--json")
+    assert [r["text"] for r in json.loads(out)] == ["Alice phone is +201"]
+    code, out, _ = cli("list", "--history", "--subject", "ALICE", "--json")
+    assert len(json.loads(out)) == 4
+    code, out, _ = cli("forget", "--key", "alice::phone")
+    assert code == 0
+    assert "retired" in out
+
+
+def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
+    code, out, _ = cli("remember", "user1 note", "-s", "x", "--user", "user1", "--agent", "a", "--run", "r")
+    rid = out.strip()
+    assert cli("get", rid, "--user", "user1", "--agent", "a", "--run", "r")[0] == 0
+    code, _, err = cli("get", rid, "--user", "user10", "--agent", "a", "--run", "r")
+    assert code == 2
+    assert "no record" in err
+    code, out, _ = cli("recall", "note", "--user", "user10", "--agent", "a", "--run", "r", "--json")
+    assert json.loads(out) == []
+    code, out, _ = cli("list", "-u", "user1", "-a", "a", "-r", "r", "--json")
+    assert [r["text"] for r in json.loads(out)] == ["user1 note"]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (("remember", "", "-s", "a"), None, "text must not be empty"),
+        (("remember", "-", "-s", "a"), b"x" * (64 * 1024 + 1), "over the 65536-byte limit"),
+        (("remember", "-", "-s", "a"), b"bad \xff utf8", "not valid UTF-8"),
+        (("remember", "bad \udcff", "-s", "a"), None, "not valid UTF-8"),
+        (("remember", "t", "-s", " "), None, "subject must not be empty"),
+        (("remember", "t", "-s", "a", "--metadata", "{nope"), None, "metadata is not valid JSON"),
+        (("remember", "t", "-s", "a", "--expires-at", "soon"), None, "--expires-at"),
+        (("remember", "t", "-s", "a", "--confidence", "2"), None, "between 0 and 1"),
+        (("remember", "t", "-s", "a", "--derived-from", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "unknown"),
+        (("get", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "no record"),
+        (("get", "xyz"), None, "not a record id"),
+        (("forget", "--key", "nope"), None, "no active value for key 'nope'"),
+        (("forget",), None, "exactly one"),
+        (("history", "--key", "nope"), None, "no record with key 'nope'"),
+        (("rectify", "t", "--key", "nope", "--reason", "r"), None, "no active value"),
+        (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
+        (("recall", "!!!"), None, "no searchable words"),
+        (("recall", "x", "--limit", "0"), None, "limit must be between"),
+    ],
+)
+def test_bad_input_exits_2_and_changes_nothing(
+    cli: Cli, store: Path, args: tuple[str, ...], stdin: bytes | None, message: str
+) -> None:
+    before = _snapshot(store)
+    code, out, err = cli(*args, stdin=stdin)
+    assert code == 2
+    assert message in err
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1  # one line
+    assert out == ""
+    assert _snapshot(store) == before
+
+
+def test_missing_and_wrong_master_key(cli: Cli, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _snapshot(store)
+    key_file = store.with_name("cli.db.master-key")
+    moved = key_file.rename(key_file.with_name("elsewhere.key"))
+    code, _, err = cli("list")
+    assert code == 2
+    assert "master key file" in err
+    assert "does not exist" in err
+    monkeypatch.setenv("DELEATUR_MASTER_KEY", "11" * 32)
+    code, _, err = cli("remember", "x", "-s", "a")
+    assert code == 2
+    assert "wrong master key" in err
+    monkeypatch.delenv("DELEATUR_MASTER_KEY")
+    code, out, _ = cli("list", "--json", "--master-key-file", str(moved))
+    assert code == 2  # a global option goes before the command
+    code, out, _ = cli("--master-key-file", str(moved), "list", "--json")
+    assert code == 0
+    assert len(json.loads(out)) == 1
+    assert _snapshot(store) == before
+
+
+def test_store_problems_exit_2(cli: Cli, tmp_path: Path) -> None:
+    code, _, err = cli("list")
+    assert code == 2
+    assert "no store at" in err
+    assert "deleatur init" in err
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database at all" * 200)
+    code, _, err = cli("--store", str(junk), "list")
+    assert code == 2
+    assert "is not a deleatur store" in err
+    assert junk.read_bytes() == b"this is not a database at all" * 200
+    other = tmp_path / "other.db"
+    conn = apsw.Connection(str(other))
+    conn.execute("CREATE TABLE t(x)")
+    conn.close()
+    code, _, err = cli("--store", str(other), "list")
+    assert code == 2
+    assert "is not a deleatur store" in err
+
+
+def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:
+    conn = apsw.Connection(str(store))
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    code, _, err = cli("list")
+    assert code == 2
+    assert "schema version 99" in err
+    assert "upgrade deleatur" in err
+
+
+def test_tampered_store_is_an_internal_failure_exit_1(cli: Cli, store: Path) -> None:
+    conn = apsw.Connection(str(store))
+    blob = bytearray(conn.execute("SELECT ciphertext FROM records").fetchone()[0])
+    blob[-1] ^= 1
+    conn.execute("UPDATE records SET ciphertext = ?", (bytes(blob),))
+    conn.close()
+    code, _, err = cli("list")
+    assert code == 1
+    assert "failed authentication" in err
+    assert "+100" not in err
+
+
+def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
+    env = {"DELEATUR_STORE": str(tmp_path / "p.db"), "PATH": "/usr/bin:/bin"}
+    assert subprocess.run([DELEATUR, "init"], env=env, capture_output=True, check=False).returncode == 0
+    ok = subprocess.run(
+        [DELEATUR, "remember", "-", "--subject", "Zoë"], env=env, input="é from stdin".encode(), capture_output=True
+    )
+    assert ok.returncode == 0
+    bad = subprocess.run(
+        [DELEATUR, "remember", b"bad \xff arg", "--subject", "z"], env=env, capture_output=True, check=False
+    )
+    assert bad.returncode == 2
+    assert b"not valid UTF-8" in bad.stderr
+    listed = subprocess.run([DELEATUR, "list", "--json"], env=env, capture_output=True, check=True)
+    assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]

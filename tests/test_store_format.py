@@ -1,0 +1,119 @@
+"""The store file: ownership marks, schema versions and migrations, init."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur import MasterKeyError, Memory, NotADeleaturStoreError, SchemaVersionError, StoreError, from_bytes
+from deleatur.store import schema
+
+from .conftest import MASTER, store_files
+
+
+def _version(path: Path) -> int:
+    conn = apsw.Connection(str(path))
+    try:
+        value = conn.execute("PRAGMA user_version").fetchall()[0][0]
+        assert isinstance(value, int)
+        return value
+    finally:
+        conn.close()
+
+
+def test_new_store_is_marked_and_versioned(store_path: Path) -> None:
+    Memory.open(store_path, from_bytes(MASTER), create=True).close()
+    conn = apsw.Connection(str(store_path))
+    assert conn.execute("PRAGMA application_id").fetchall()[0][0] == schema.APPLICATION_ID
+    conn.close()
+    assert _version(store_path) == max(schema.MIGRATIONS)
+
+
+def test_migrations_run_in_order_once(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        kept = memory.remember("survives the migration", subject="a")
+    applied: list[int] = []
+
+    def v2(conn: apsw.Connection) -> None:
+        applied.append(2)
+        conn.execute("ALTER TABLE records ADD COLUMN note TEXT")
+
+    monkeypatch.setitem(schema.MIGRATIONS, 2, v2)
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert memory.get(kept.id).text == "survives the migration"
+    with Memory.open(store_path, from_bytes(MASTER)):
+        pass
+    assert applied == [2]
+    assert _version(store_path) == 2
+
+
+def test_failed_migration_leaves_the_old_version(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Memory.open(store_path, from_bytes(MASTER), create=True).close()
+
+    def broken(conn: apsw.Connection) -> None:
+        conn.execute("CREATE TABLE half_done(x)")
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setitem(schema.MIGRATIONS, 2, broken)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        Memory.open(store_path, from_bytes(MASTER))
+    assert _version(store_path) == 1
+    conn = apsw.Connection(str(store_path))
+    assert conn.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'half_done'").fetchall() == [(0,)]
+    conn.close()
+
+
+def test_newer_schema_is_refused_without_change(store_path: Path) -> None:
+    Memory.open(store_path, from_bytes(MASTER), create=True).close()
+    conn = apsw.Connection(str(store_path))
+    conn.execute("PRAGMA user_version = 7")
+    conn.close()
+    with pytest.raises(SchemaVersionError, match="schema version 7"):
+        Memory.open(store_path, from_bytes(MASTER))
+    assert _version(store_path) == 7
+
+
+def test_foreign_files_are_refused_untouched(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"hello " * 1000)
+    with pytest.raises(NotADeleaturStoreError, match="not an SQLite database"):
+        Memory.open(text, from_bytes(MASTER))
+    assert text.read_bytes() == b"hello " * 1000
+    foreign = tmp_path / "app.db"
+    conn = apsw.Connection(str(foreign))
+    conn.execute("CREATE TABLE users(name)")
+    conn.close()
+    with pytest.raises(NotADeleaturStoreError, match="not a deleatur store"):
+        Memory.open(foreign, from_bytes(MASTER), create=True)
+    with pytest.raises(StoreError, match="is a directory"):
+        Memory.open(tmp_path, from_bytes(MASTER))
+
+
+def test_key_store_of_another_store_is_refused(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    Memory.open(a, from_bytes(MASTER), create=True).close()
+    Memory.open(b, from_bytes(MASTER), create=True).close()
+    (tmp_path / "b.db.keys").write_bytes((tmp_path / "a.db.keys").read_bytes())
+    with pytest.raises(MasterKeyError, match="belongs to another store"):
+        Memory.open(b, from_bytes(MASTER))
+
+
+def test_init_refuses_to_overwrite_and_cleans_up_after_failure(tmp_path: Path) -> None:
+    store = tmp_path / "m.db"
+    Memory.init(store)[0].close()
+    before = {p.name: p.read_bytes() for p in store_files(store)}
+    with pytest.raises(StoreError, match="already exists"):
+        Memory.init(store)
+    assert {p.name: p.read_bytes() for p in store_files(store)} == before
+
+    def failing_random(n: int) -> bytes:
+        raise RuntimeError("injected failure")
+
+    fresh = tmp_path / "fresh.db"
+    # The first random bytes are asked for while the key store is being made, after
+    # the database file exists: init must remove what it made.
+    with pytest.raises(RuntimeError, match="injected failure"):
+        Memory.init(fresh, from_bytes(MASTER), random=failing_random)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fresh.db")] == []
