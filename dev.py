@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The two quickstart commands, needing nothing but Python 3.11+.
 
-    python3 dev.py demo   # install into .venv and walk through the product
-    python3 dev.py test   # install into .venv, then ruff, mypy --strict and the test suite
+python3 dev.py demo   # install into .venv and walk through the product
+python3 dev.py test   # install into .venv, then ruff, mypy --strict and the test suite
 """
 
 from __future__ import annotations

@@ -49,5 +49,5 @@ def test_two_processes_writing_lose_nothing(store_path: Path) -> None:
             for k in range(10):
                 assert len(list(memory.list(key=f"{name}::{k}"))) == 1
         # One data key per subject, even though both processes created them concurrently.
-        (count,) = memory.keys._conn.execute("SELECT count(*) FROM data_keys").fetchone()
+        [(count,)] = memory.keys._conn.execute("SELECT count(*) FROM data_keys").fetchall()
         assert count == 30
