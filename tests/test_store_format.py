@@ -35,18 +35,37 @@ def test_migrations_run_in_order_once(store_path: Path, monkeypatch: pytest.Monk
     with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
         kept = memory.remember("survives the migration", subject="a")
     applied: list[int] = []
+    nxt = max(schema.MIGRATIONS) + 1
 
-    def v2(conn: apsw.Connection) -> None:
-        applied.append(2)
+    def upgrade(conn: apsw.Connection) -> None:
+        applied.append(nxt)
         conn.execute("ALTER TABLE records ADD COLUMN note TEXT")
 
-    monkeypatch.setitem(schema.MIGRATIONS, 2, v2)
+    monkeypatch.setitem(schema.MIGRATIONS, nxt, upgrade)
     with Memory.open(store_path, from_bytes(MASTER)) as memory:
         assert memory.get(kept.id).text == "survives the migration"
     with Memory.open(store_path, from_bytes(MASTER)):
         pass
-    assert applied == [2]
-    assert _version(store_path) == 2
+    assert applied == [nxt]
+    assert _version(store_path) == nxt
+
+
+def test_a_version_1_store_gains_the_log(store_path: Path) -> None:
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        kept = memory.remember("written before the log existed", subject="a")
+    # Turn it into the store schema 1 wrote: the same records, no log tables.
+    conn = apsw.Connection(str(store_path))
+    for table in ("log_entries", "log_nodes", "log_checkpoints", "signing_keys"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert _version(store_path) == 2
+        assert memory.get(kept.id).text == "written before the log existed"
+        assert memory.backend.log_size() == 0
+        memory.new_signing_key()
+        memory.remember("written after", subject="a")
+        assert memory.verify_log().ok
 
 
 def test_failed_migration_leaves_the_old_version(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,10 +75,11 @@ def test_failed_migration_leaves_the_old_version(store_path: Path, monkeypatch: 
         conn.execute("CREATE TABLE half_done(x)")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setitem(schema.MIGRATIONS, 2, broken)
+    current = max(schema.MIGRATIONS)
+    monkeypatch.setitem(schema.MIGRATIONS, current + 1, broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         Memory.open(store_path, from_bytes(MASTER))
-    assert _version(store_path) == 1
+    assert _version(store_path) == current
     conn = apsw.Connection(str(store_path))
     assert conn.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'half_done'").fetchall() == [(0,)]
     conn.close()

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -22,8 +23,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
-from .errors import IntegrityError, InvalidInputError, NotFoundError, StoreError
+from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
+from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundError, StoreError
 from .ids import IdGenerator, is_record_id
+from .log.checkpoint import Checkpoint
+from .log.entries import Entry, EventType, commitment
+from .log.note import Note, Signer, Verifier
+from .log.receipt import Receipt
+from .log.report import Report
+from .log.tlog import TransparencyLog
+from .log.tlogproof import TlogProof
+from .log.verify import verify_log
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
@@ -78,7 +88,7 @@ class Memory:
         random: Random,
         max_text_bytes: int,
     ) -> None:
-        self.backend = backend
+        self.backend: Backend = backend
         self.keys = keys
         self.tenant = Space(user_id=tenant).user_id  # same rules as a user id
         self.master_description = master_description
@@ -86,6 +96,10 @@ class Memory:
         self._clock = clock
         self._random = random
         self._ids = IdGenerator(clock, random)
+        self.signing_key_path = signing_key_path(Path(backend.files()[0]))
+        self.log = TransparencyLog(
+            backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
+        )
 
     # -- opening -----------------------------------------------------------------
 
@@ -160,7 +174,7 @@ class Memory:
                 write_key_file(key_file, random(MASTER_KEY_BYTES))
                 made.append(key_file)
                 master = from_file(key_file)
-            made += [store_path, keystore_path(store_path)]
+            made += [store_path, keystore_path(store_path), signing_key_path(store_path)]
             memory = cls.open(
                 store_path,
                 master,
@@ -170,6 +184,11 @@ class Memory:
                 max_text_bytes=max_text_bytes,
                 create=True,
             )
+            try:
+                memory.new_signing_key()
+            except BaseException:
+                memory.close()
+                raise
         except BaseException:
             for created in made:
                 for part in (created, *(created.with_name(created.name + s) for s in ("-wal", "-shm"))):
@@ -189,6 +208,113 @@ class Memory:
     def close(self) -> None:
         self.keys.close()
         self.backend.close()
+
+    # -- the signing key and the log ---------------------------------------------
+
+    def _load_signer(self) -> Signer | None:
+        """The current signing key, finishing a rotation that committed but did not
+        get to move its key file into place."""
+        pending = pending_path(self.signing_key_path)
+        waiting = read_signer(pending)
+        if waiting is not None:
+            announced = {key_id for key_id, *_ in self.backend.signing_keys()}
+            if waiting.key_id.hex() in announced:
+                os.replace(pending, self.signing_key_path)
+            else:
+                pending.unlink()
+        signer = read_signer(self.signing_key_path)
+        if signer is not None:
+            keys = self.backend.signing_keys()
+            if keys and keys[-1][0] != signer.key_id.hex():
+                raise KeyStoreError(
+                    f"signing key {self.signing_key_path} is not this store's current key ({keys[-1][0]})"
+                )
+        return signer
+
+    @contextmanager
+    def _logged(self) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
+        """A write transaction whose events are appended to the log, and a checkpoint
+        signed, before it commits: the change and its record are one unit."""
+        events: builtins.list[tuple[Entry, str | None]] = []
+        with self.backend.atomic():
+            yield events
+            if events:
+                self.log.append(events)
+                if self.log.signer is not None:
+                    self.log.checkpoint()
+
+    def new_signing_key(self) -> Signer:
+        """Give a store its first signing key (announced as the first key of its log)."""
+        if self.log.signer is not None or self.backend.signing_keys():
+            raise KeyStoreError("this store already has a signing key; use rotate_signing_key")
+        signer = Signer.generate(self.log.origin)
+        write_signer(self.signing_key_path, signer, replace=False)
+        try:
+            with self.backend.atomic():
+                self.log.signer = signer
+                self.log.announce_key(signer, previous=None)
+                self.log.checkpoint()
+        except BaseException:
+            self.log.signer = None
+            self.signing_key_path.unlink(missing_ok=True)
+            raise
+        return signer
+
+    def rotate_signing_key(self) -> Signer:
+        """Replace the signing key: the new key is announced in the log, endorsed by the
+        old one, and the checkpoint at the rotation is signed by both. Checkpoints signed
+        before stay verifiable with the old public key; the old private key is gone."""
+        old = self.log.signer
+        if old is None:
+            raise KeyStoreError("this store has no signing key to rotate; use new_signing_key")
+        new = Signer.generate(self.log.origin)
+        pending = pending_path(self.signing_key_path)
+        write_signer(pending, new, replace=True)
+        try:
+            with self.backend.atomic():
+                self.log.announce_key(new, previous=old)
+                self.log.signer = new
+                self.log.checkpoint(old)
+        except BaseException:
+            self.log.signer = old
+            pending.unlink(missing_ok=True)
+            raise
+        os.replace(pending, self.signing_key_path)
+        return new
+
+    def checkpoint(self) -> Note:
+        """The latest signed checkpoint (signing one now if the log grew without one)."""
+        latest = self.backend.checkpoint()
+        if latest is not None and latest[0] == self.backend.log_size():
+            return Note.parse(latest[1])
+        with self.backend.atomic():
+            return self.log.checkpoint()
+
+    def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
+        """A write receipt: the record's log entry, proven included under a signed checkpoint."""
+        self._row_in_space(record_id, space)
+        indexes = self.backend.log_indexes_of(record_id)
+        if not indexes:
+            raise NotFoundError(f"record {record_id} has no write entry in the log", record_id=record_id)
+        index = indexes[0]
+        note = self.checkpoint()
+        size = Checkpoint.parse(note.text).size
+        entry = next(raw for _, raw in self.backend.log_entries(index, index + 1))
+        proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
+        return Receipt(record_id=record_id, entry=entry, proof=proof)
+
+    def verify_log(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+    ) -> Report:
+        """Re-derive the whole log from its entries and check every checkpoint."""
+        return verify_log(
+            self.backend.log_entries(),
+            self.backend.checkpoints(),
+            self.backend.log_level,
+            pinned_keys=pinned_keys,
+            pinned_checkpoint=pinned_checkpoint,
+            consistency=self.log.consistency_proof,
+        )
 
     def __enter__(self) -> Memory:
         return self
@@ -280,8 +406,8 @@ class Memory:
         # no trace in the key store either; checked again under the write lock.
         self._check_lineage(batch)
         keys = self._data_keys(batch)
-        with self.backend.atomic():
-            return [self._write(item, space, keys) for item in self._check_lineage(batch)]
+        with self._logged() as events:
+            return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
         """Each subject's (subject_ref, key_id, key), made before the write transaction:
@@ -309,11 +435,14 @@ class Memory:
         item: NewMemory,
         space: Space,
         keys: Mapping[str, tuple[bytes, bytes, AESGCM]],
+        events: builtins.list[tuple[Entry, str | None]],
         *,
         reason: str | None = None,
         actor: str | None = None,
+        erased: tuple[str, ...] = (),
     ) -> Record:
-        """Insert one record (inside the caller's transaction), superseding its key's current value."""
+        """Insert one record (inside the caller's transaction), superseding its key's current
+        value, and queue its log entry: a salted commitment, never the text."""
         canonical = canonical_subject(item.subject)
         subject_ref, key_id, aead = keys[canonical]
         now = self._clock()
@@ -378,6 +507,16 @@ class Memory:
             derived_from=record.derived_from,
         )
         self.backend.insert(row, index_text=record.text, scope_token=self._scope_token(space))
+        fields: dict[str, object] = {
+            "record": record.id,
+            "tenant": self.tenant,
+            "commitment": commitment(record.nonce, key, record.text).hex(),
+        }
+        if supersedes is not None:
+            fields["supersedes"] = supersedes
+        if reason is not None:
+            fields["erased"] = list(erased)
+        events.append((Entry(EventType.RECTIFY if reason is not None else EventType.WRITE, now, fields), record.id))
         return record
 
     def rectify(
@@ -402,7 +541,7 @@ class Memory:
         if not actor or not actor.strip():
             raise InvalidInputError("rectify needs an actor")
         key_ref = self._key_ref(space, canonical_key(key))
-        with self.backend.atomic():
+        with self._logged() as events:
             # Read the current value under the write lock, so a concurrent writer's
             # newer value is the one superseded, never silently orphaned.
             current_row = self.backend.active_by_key(self.tenant, space, key_ref)
@@ -419,9 +558,18 @@ class Memory:
                 derived_from=current.derived_from,
                 expires_at=current.expires_at,
             )
-            record = self._write(item, space, self._data_keys([item]), reason=reason.strip(), actor=actor.strip())
-            if erase_previous:
-                self._purge([r for r in self.backend.history(self.tenant, space, key_ref) if r.id != record.id])
+            earlier = {r.id for r in self.backend.history(self.tenant, space, key_ref)} if erase_previous else set()
+            record = self._write(
+                item,
+                space,
+                self._data_keys([item]),
+                events,
+                reason=reason.strip(),
+                actor=actor.strip(),
+                erased=tuple(sorted(earlier)),
+            )
+            # Re-read after the write: the value it superseded has left the index since.
+            self._purge(r for r in self.backend.history(self.tenant, space, key_ref) if r.id in earlier)
         if erase_previous:
             self.backend.scrub()
         return record
@@ -430,7 +578,7 @@ class Memory:
         """Retire a fact: it is no longer recalled, and stays in history."""
         if (record_id is None) == (key is None):
             raise InvalidInputError("forget needs exactly one of an id or a key")
-        with self.backend.atomic():
+        with self._logged() as events:
             if record_id is not None:
                 row = self._row_in_space(record_id, space)
                 if row.status is not Status.ACTIVE:
@@ -443,7 +591,9 @@ class Memory:
                 if found is None:
                     raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
                 row = found
-            self._deactivate(row, Status.RETIRED, self._clock())
+            now = self._clock()
+            self._deactivate(row, Status.RETIRED, now)
+            events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), None))
         return self.get(row.id, space=space)
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:

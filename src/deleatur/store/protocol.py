@@ -7,13 +7,16 @@ supersession rules) lives above it, in :mod:`deleatur.memory`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..model import Space, Status
+
+#: A complete subtree of the log: (level, index, hash).
+Node = tuple[int, int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,40 @@ class Backend(Protocol):
 
     def purge(self, record_ids: Iterable[str]) -> int:
         """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows first)."""
+        ...
+
+    # -- the verifiable log (see deleatur.log.tlog) -------------------------------
+
+    def log_size(self) -> int: ...
+
+    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None]], nodes: Iterable[Node]) -> None:
+        """Store entries ``start..`` and the complete-subtree hashes they finish."""
+        ...
+
+    def log_nodes(self, positions: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Hashes of complete subtrees at (level, index); raises if one is missing."""
+        ...
+
+    def log_level(self, level: int) -> Iterator[tuple[int, bytes]]:
+        """(index, hash) of the stored subtrees of one level, in index order."""
+        ...
+
+    def log_entries(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]: ...
+
+    def log_indexes_of(self, record_id: str) -> list[int]: ...
+
+    def put_checkpoint(self, size: int, note: str) -> None: ...
+
+    def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:
+        """The checkpoint of that size, or the latest one."""
+        ...
+
+    def checkpoints(self) -> Iterator[tuple[int, str]]: ...
+
+    def put_signing_key(self, key_id: str, vkey: str, log_index: int, created_at: int) -> None: ...
+
+    def signing_keys(self) -> list[tuple[str, str, int, int]]:
+        """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
     def scrub(self) -> None:

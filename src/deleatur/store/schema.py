@@ -56,8 +56,25 @@ def _v1(conn: apsw.Connection) -> None:
         conn.execute(sql).fetchall()
 
 
+def _v2(conn: apsw.Connection) -> None:
+    """The verifiable log. A store migrated from v1 starts its log empty: records
+    written before have no write entry, and ``log verify`` says where the log begins."""
+    statements = [
+        # One row per log entry; record_id links a write to its receipt (ids are not personal).
+        "CREATE TABLE log_entries(idx INTEGER PRIMARY KEY, entry BLOB NOT NULL, record_id TEXT)",
+        "CREATE INDEX log_entries_record ON log_entries(record_id) WHERE record_id IS NOT NULL",
+        # Every complete subtree hash, keyed by level << 50 | index: proofs read O(log n) rows.
+        "CREATE TABLE log_nodes(pos INTEGER PRIMARY KEY, hash BLOB NOT NULL)",
+        "CREATE TABLE log_checkpoints(size INTEGER PRIMARY KEY, note TEXT NOT NULL)",
+        "CREATE TABLE signing_keys(key_id TEXT PRIMARY KEY, vkey TEXT NOT NULL UNIQUE,"
+        " log_index INTEGER NOT NULL, created_at INTEGER NOT NULL)",
+    ]
+    for sql in statements:
+        conn.execute(sql).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

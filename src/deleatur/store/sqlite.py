@@ -4,7 +4,7 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, Status
 from ..sqlitefile import connect, immediate, scrub, sidecar_files
-from .protocol import RowFilter, StoredRow
+from .protocol import Node, RowFilter, StoredRow
 from .schema import prepare
 
 _COLUMNS = (
@@ -24,6 +24,8 @@ _COLUMNS = (
 )
 _R_COLUMNS = ", ".join("r." + c.strip() for c in _COLUMNS.split(","))
 _LINEAGE = "(SELECT group_concat(parent, ' ') FROM lineage WHERE child = r.id)"
+_LEVEL_SHIFT = 50
+_INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
 _SPACE = "r.tenant = ? AND r.user_id = ? AND r.agent_id = ? AND r.run_id = ?"
 
 
@@ -193,6 +195,84 @@ class SQLiteBackend:
             )
             self._conn.execute("DELETE FROM lineage WHERE child = ?", (record_id,))
         return count
+
+    def log_size(self) -> int:
+        (value,) = self._conn.execute("SELECT coalesce(max(idx) + 1, 0) FROM log_entries").fetchall()[0]
+        assert isinstance(value, int)
+        return value
+
+    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None]], nodes: Iterable[Node]) -> None:
+        self._conn.executemany(
+            "INSERT INTO log_entries(idx, entry, record_id) VALUES (?, ?, ?)",
+            [(start + i, entry, record_id) for i, (entry, record_id) in enumerate(entries)],
+        )
+        self._conn.executemany(
+            "INSERT INTO log_nodes(pos, hash) VALUES (?, ?)",
+            [(level << _LEVEL_SHIFT | index, h) for level, index, h in nodes],
+        )
+
+    def log_nodes(self, positions: Sequence[tuple[int, int]]) -> list[bytes]:
+        if not positions:
+            return []
+        keys = [level << _LEVEL_SHIFT | index for level, index in positions]
+        found: dict[int, bytes] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            rows = self._conn.execute(
+                f"SELECT pos, hash FROM log_nodes WHERE pos IN ({', '.join('?' * len(chunk))})", chunk
+            )
+            found.update((int(pos), bytes(h)) for pos, h in rows)
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise StoreError(
+                f"the log is missing the hash of subtree {missing[0] >> _LEVEL_SHIFT}/{missing[0] & _INDEX_MASK}"
+            )
+        return [found[k] for k in keys]
+
+    def log_level(self, level: int) -> Iterator[tuple[int, bytes]]:
+        low = level << _LEVEL_SHIFT
+        for pos, digest in self._conn.execute(
+            "SELECT pos, hash FROM log_nodes WHERE pos >= ? AND pos < ? ORDER BY pos", (low, low + (1 << _LEVEL_SHIFT))
+        ):
+            yield int(pos) & _INDEX_MASK, bytes(digest)
+
+    def log_entries(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+        rows = self._conn.execute(
+            "SELECT idx, entry FROM log_entries WHERE idx >= ? AND idx < ? ORDER BY idx",
+            (start, end if end is not None else 1 << 62),
+        )
+        for idx, entry in rows:
+            yield int(idx), bytes(entry)
+
+    def log_indexes_of(self, record_id: str) -> list[int]:
+        return [
+            int(r[0])
+            for r in self._conn.execute("SELECT idx FROM log_entries WHERE record_id = ? ORDER BY idx", (record_id,))
+        ]
+
+    def put_checkpoint(self, size: int, note: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO log_checkpoints(size, note) VALUES (?, ?)", (size, note))
+
+    def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:
+        if size is None:
+            row = self._conn.execute("SELECT size, note FROM log_checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        else:
+            row = self._conn.execute("SELECT size, note FROM log_checkpoints WHERE size = ?", (size,)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def checkpoints(self) -> Iterator[tuple[int, str]]:
+        for size, note in self._conn.execute("SELECT size, note FROM log_checkpoints ORDER BY size"):
+            yield int(size), str(note)
+
+    def put_signing_key(self, key_id: str, vkey: str, log_index: int, created_at: int) -> None:
+        self._conn.execute(
+            "INSERT INTO signing_keys(key_id, vkey, log_index, created_at) VALUES (?, ?, ?, ?)",
+            (key_id, vkey, log_index, created_at),
+        )
+
+    def signing_keys(self) -> list[tuple[str, str, int, int]]:
+        rows = self._conn.execute("SELECT key_id, vkey, log_index, created_at FROM signing_keys ORDER BY log_index")
+        return [(str(a), str(b), int(c), int(d)) for a, b, c, d in rows]
 
     def scrub(self) -> None:
         scrub(self._conn)

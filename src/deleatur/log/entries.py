@@ -1,0 +1,91 @@
+"""The content-free events of the log, and their canonical bytes.
+
+An entry is a JSON object serialized canonically: keys sorted, no whitespace,
+ASCII only (non-ASCII escaped), integers only (no floats). Every entry carries
+``v`` (format version), ``type`` and ``time`` (microseconds since the epoch).
+Entries hold ids, counts, hashes of random-salted commitments and public keys —
+never record text, subject names, fact keys or an unsalted hash of any of them.
+The golden file ``tests/golden/log_entries.txt`` pins the byte format.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..crypto.keystore import _frame
+from ..errors import DeleaturError
+
+ENTRY_VERSION = 1
+
+
+class EntryError(DeleaturError):
+    """A log entry is malformed."""
+
+
+class EventType(enum.StrEnum):
+    WRITE = "write"
+    RETIRE = "retire"
+    RECTIFY = "rectify"
+    KEY = "key"
+
+
+def commitment(nonce: bytes, key: str | None, text: str) -> bytes:
+    """SHA-256 over the record's random nonce, key and text.
+
+    The nonce lives only inside the record's ciphertext: once the record is erased
+    (or its subject's key destroyed) the commitment confirms no guessed text.
+    """
+    return hashlib.sha256(_frame(("deleatur/commitment/v1", nonce, key or "", text))).digest()
+
+
+def _check(value: Any, path: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    raise EntryError(f"log entry field {path} has a type the canonical form does not allow")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    type: EventType
+    time: int
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if {"v", "type", "time"} & set(self.fields):
+            raise EntryError("log entry fields must not redefine v, type or time")
+        for name, value in self.fields.items():
+            _check(value, name)
+
+    def encode(self) -> bytes:
+        body = {"v": ENTRY_VERSION, "type": self.type.value, "time": self.time, **self.fields}
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Entry:
+        try:
+            body = json.loads(raw.decode("ascii"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise EntryError("log entry is not canonical JSON") from None
+        if not isinstance(body, dict) or body.get("v") != ENTRY_VERSION:
+            raise EntryError("log entry has an unknown format version")
+        try:
+            entry = cls(EventType(body.pop("type")), int(body.pop("time")), {k: v for k, v in body.items() if k != "v"})
+        except (KeyError, ValueError, TypeError):
+            raise EntryError("log entry lacks a valid type or time") from None
+        if entry.encode() != raw:
+            raise EntryError("log entry is not in canonical form")
+        return entry
+
+    @property
+    def record(self) -> str | None:
+        value = self.fields.get("record")
+        return value if isinstance(value, str) else None

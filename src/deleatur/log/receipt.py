@@ -1,0 +1,101 @@
+"""Write receipts: proof, checkable with the public key alone, that a write was logged.
+
+A receipt holds the record's log entry (a salted commitment, no text) and a
+C2SP tlog-proof: its index, the inclusion proof and the signed checkpoint. It
+carries no nonce, so once the record is erased it confirms no guessed text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .checkpoint import Checkpoint
+from .entries import Entry, EntryError, EventType
+from .merkle import ProofError, leaf_hash, verify_inclusion
+from .note import NoteError, Verifier, open_note
+from .report import Report
+from .tlogproof import TlogProof
+
+FORMAT = "deleatur-receipt/v1"
+
+
+class ReceiptError(NoteError):
+    """A receipt file cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    record_id: str
+    entry: bytes
+    proof: TlogProof
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "record_id": self.record_id,
+            "entry": base64.b64encode(self.entry).decode(),
+            "tlog_proof": self.proof.format(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Receipt:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ReceiptError(f"not a {FORMAT} receipt")
+        try:
+            return cls(
+                record_id=str(data["record_id"]),
+                entry=base64.b64decode(data["entry"], validate=True),
+                proof=TlogProof.parse(str(data["tlog_proof"])),
+            )
+        except (KeyError, ValueError) as exc:
+            raise ReceiptError(f"receipt is malformed: {exc}") from None
+
+    @classmethod
+    def loads(cls, text: str) -> Receipt:
+        try:
+            return cls.from_json(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ReceiptError(f"receipt is not JSON: {exc.msg}") from None
+
+
+def verify_receipt(receipt: Receipt, trusted: Sequence[Verifier], *, pinned: bool) -> Report:
+    """Numbered checks: 1 checkpoint signature, 2 entry, 3 inclusion."""
+    report = Report(f"receipt for {receipt.record_id}")
+    checkpoint = None
+    try:
+        signers = open_note(receipt.proof.checkpoint, trusted)
+        checkpoint = Checkpoint.parse(receipt.proof.checkpoint.text)
+        report.add("checkpoint_signature", True, f"signed by {signers[0].name} ({signers[0].key_id.hex()})")
+    except NoteError as exc:
+        report.add("checkpoint_signature", False, exc.message)
+    try:
+        entry = Entry.decode(receipt.entry)
+        if entry.type not in (EventType.WRITE, EventType.RECTIFY) or entry.record != receipt.record_id:
+            raise EntryError("the entry is not the write of this record")
+        if not isinstance(entry.fields.get("commitment"), str):
+            raise EntryError("the entry carries no commitment")
+        report.add(
+            "entry", True, f"a {entry.type.value} of {receipt.record_id}, commitment {entry.fields['commitment']}"
+        )
+    except EntryError as exc:
+        report.add("entry", False, exc.message)
+    if checkpoint is None:
+        report.add("inclusion", False, "no trusted checkpoint to prove inclusion under")
+    else:
+        try:
+            verify_inclusion(
+                receipt.proof.index, checkpoint.size, leaf_hash(receipt.entry), receipt.proof.proof, checkpoint.root
+            )
+            report.add("inclusion", True, f"entry {receipt.proof.index} is in the tree of size {checkpoint.size}")
+        except ProofError as exc:
+            report.add("inclusion", False, exc.message)
+    if not pinned:
+        report.notes.append(
+            "KEY NOT PINNED: the receipt was checked against the store's own key; pass --key with the "
+            "verifier key you obtained out of band, or a forged store and receipt would pass together."
+        )
+    return report

@@ -1,0 +1,203 @@
+"""Verifying a whole log from its entries, with the public key alone.
+
+The verifier re-derives the Merkle tree from the entries and checks, in order:
+
+ 1. entries       indexes run 0..n-1 and every entry is canonical
+ 2. key_chain     the first key is the pinned one (if pinned); each later key is
+                  endorsed by the key before it
+ 3. signatures    every checkpoint is signed by a key announced before its size
+ 4. roots         every checkpoint's root equals the re-derived root at its size
+ 5. coverage      the newest checkpoint covers every entry (a dropped tail or an
+                  unsigned addition fails here)
+ 6. stored_tree   the stored subtree hashes that proofs are built from match
+ 7. pinned        the log is consistent with a checkpoint pinned by the reader
+
+Nothing here needs a private key.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable, Iterator
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from .checkpoint import Checkpoint
+from .entries import Entry, EntryError, EventType
+from .merkle import CompactRange, ProofError, leaf_hash, verify_consistency
+from .note import Note, NoteError, Verifier
+from .report import Report
+from .tlog import rotation_message
+
+StoredLevel = Callable[[int], Iterator[tuple[int, bytes]]]
+
+
+def _key_events(entry: Entry, index: int, keys: list[tuple[int, Verifier]]) -> str | None:
+    """Add an announced key to ``keys``; returns a problem, or None."""
+    vkey = entry.fields.get("vkey")
+    if not isinstance(vkey, str):
+        return f"key entry {index} has no verifier key"
+    try:
+        new = Verifier.from_vkey(vkey)
+    except NoteError as exc:
+        return f"key entry {index}: {exc.message}"
+    if keys:
+        previous = keys[-1][1]
+        endorsement = entry.fields.get("endorsement")
+        if entry.fields.get("previous") != previous.vkey or not isinstance(endorsement, str):
+            return f"key entry {index} is not endorsed by the key it replaces"
+        try:
+            Ed25519PublicKey.from_public_bytes(previous.public_key).verify(
+                base64.b64decode(endorsement), rotation_message(vkey)
+            )
+        except (InvalidSignature, ValueError):
+            return f"key entry {index}: the endorsement by the previous key does not verify"
+    keys.append((index, new))
+    return None
+
+
+def verify_log(
+    entries: Iterable[tuple[int, bytes]],
+    checkpoints: Iterable[tuple[int, str]],
+    stored_level: StoredLevel,
+    *,
+    pinned_keys: list[Verifier] | None = None,
+    pinned_checkpoint: Note | None = None,
+    consistency: Callable[[int, int], list[bytes]] | None = None,
+) -> Report:
+    report = Report("log")
+    cps = sorted(checkpoints)
+    notes_by_size: dict[int, Note] = {}
+    parse_problem = None
+    for size, text in cps:
+        try:
+            notes_by_size[size] = Note.parse(text)
+        except NoteError as exc:
+            parse_problem = f"checkpoint of size {size} is malformed: {exc.message}"
+
+    compact = CompactRange()
+    keys: list[tuple[int, Verifier]] = []
+    roots: dict[int, bytes] = {}
+    wanted = sorted(notes_by_size)
+    entry_problem = key_problem = tree_problem = None
+    cursors: dict[int, Iterator[tuple[int, bytes]]] = {}
+    expected_index = 0
+    if 0 in notes_by_size:
+        roots[0] = compact.root()
+    next_wanted = 0
+    for index, raw in entries:
+        if index != expected_index:
+            entry_problem = entry_problem or f"entry {expected_index} is missing (found {index})"
+        expected_index = index + 1
+        try:
+            entry = Entry.decode(raw)
+        except EntryError as exc:
+            entry_problem = entry_problem or f"entry {index}: {exc.message}"
+        else:
+            if entry.type is EventType.KEY:
+                key_problem = key_problem or _key_events(entry, index, keys)
+        for level, node_index, digest in compact.append(leaf_hash(raw)):
+            cursor = cursors.setdefault(level, stored_level(level))
+            stored = next(cursor, None)
+            if tree_problem is None and stored != (node_index, digest):
+                tree_problem = f"stored hash of subtree {level}/{node_index} does not match the entries"
+        while next_wanted < len(wanted) and wanted[next_wanted] <= compact.size:
+            if wanted[next_wanted] == compact.size:
+                roots[compact.size] = compact.root()
+            next_wanted += 1
+    size = compact.size
+    for level, cursor in cursors.items():
+        if tree_problem is None and next(cursor, None) is not None:
+            tree_problem = f"stored subtrees at level {level} go beyond the entries"
+
+    report.add("entries", entry_problem is None, entry_problem or f"{size} entries, indexes contiguous, all canonical")
+
+    if pinned_keys:
+        first = keys[0][1] if keys else None
+        pinned_ok = first is not None and any(first.vkey == p.vkey for p in pinned_keys)
+        if not pinned_ok and first is not None:
+            # A pinned key that appears later in the chain (a rotated-to key) also anchors trust.
+            pinned_ok = any(k.vkey == p.vkey for _, k in keys for p in pinned_keys)
+        if key_problem is None and not pinned_ok:
+            key_problem = "no key in the log's key chain is the pinned key"
+    elif not keys and key_problem is None:
+        key_problem = "the log announces no signing key"
+    report.add("key_chain", key_problem is None, key_problem or f"{len(keys)} key(s), each endorsed by its predecessor")
+
+    sig_problem = parse_problem
+    for cp_size, note in notes_by_size.items():
+        # A checkpoint may be signed by any key announced before it; the chain itself
+        # was checked (and tied to the pinned key) above.
+        candidates = [k for at, k in keys if at < cp_size]
+        try:
+            Checkpoint.parse(note.text)
+            if not any(v.matches(s) and v.verify(note.text, s) for s in note.signatures for v in candidates):
+                raise NoteError("not signed by a key of this log")
+        except NoteError as exc:
+            sig_problem = sig_problem or f"checkpoint of size {cp_size}: {exc.message}"
+    report.add("signatures", sig_problem is None, sig_problem or f"{len(notes_by_size)} checkpoint(s) signed")
+
+    root_problem = None
+    for cp_size, note in notes_by_size.items():
+        try:
+            cp = Checkpoint.parse(note.text)
+        except NoteError:
+            continue
+        if cp_size > size:
+            root_problem = root_problem or f"checkpoint of size {cp_size} is beyond the {size} entries present"
+        elif cp.size != cp_size or roots.get(cp_size) != cp.root:
+            root_problem = root_problem or f"checkpoint of size {cp_size} has a root the entries do not produce"
+    report.add("roots", root_problem is None, root_problem or "every checkpoint root re-derived from the entries")
+
+    latest = wanted[-1] if wanted else None
+    if latest is None:
+        report.add("coverage", False, "the log has no checkpoint")
+    elif latest != size:
+        report.add("coverage", False, f"the newest checkpoint covers {latest} of {size} entries")
+    else:
+        report.add("coverage", True, f"the newest checkpoint covers all {size} entries")
+
+    report.add("stored_tree", tree_problem is None, tree_problem or "stored subtree hashes match the entries")
+
+    if pinned_checkpoint is None:
+        report.add("pinned", None, "no earlier checkpoint pinned")
+        report.notes.append(
+            "NOT ANCHORED: no --expected-checkpoint, so the log was checked against itself only; "
+            "whoever holds the signing key can rewrite or trim it and re-sign. Pin a checkpoint "
+            "you obtained earlier or one cosigned by a witness."
+        )
+    else:
+        report.add("pinned", *_pinned(pinned_checkpoint, size, roots, consistency, pinned_keys, keys))
+    if not pinned_keys:
+        report.notes.append(
+            "KEY NOT PINNED: the log's own first key was trusted; pass --expected-pubkey with a key obtained out of band."
+        )
+    return report
+
+
+def _pinned(
+    pinned: Note,
+    size: int,
+    roots: dict[int, bytes],
+    consistency: Callable[[int, int], list[bytes]] | None,
+    pinned_keys: list[Verifier] | None,
+    keys: list[tuple[int, Verifier]],
+) -> tuple[bool, str]:
+    try:
+        old = Checkpoint.parse(pinned.text)
+    except NoteError as exc:
+        return False, f"pinned checkpoint is malformed: {exc.message}"
+    candidates = pinned_keys or [k for _, k in keys]
+    if not any(v.matches(s) and v.verify(pinned.text, s) for s in pinned.signatures for v in candidates):
+        return False, "pinned checkpoint is not signed by a key of this log"
+    if old.size > size:
+        return False, f"the log has {size} entries, fewer than the pinned checkpoint's {old.size}: it was truncated"
+    current_root = roots.get(size)
+    if consistency is None or current_root is None:
+        return False, "the current tree has no signed checkpoint to prove consistency against"
+    try:
+        verify_consistency(old.size, size, old.root, current_root, consistency(old.size, size))
+    except ProofError as exc:
+        return False, f"not consistent with the pinned checkpoint of size {old.size}: {exc.message}"
+    return True, f"consistent with the pinned checkpoint of size {old.size}"
