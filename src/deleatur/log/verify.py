@@ -168,16 +168,23 @@ def verify_log(
             "you obtained earlier or one cosigned by a witness."
         )
     else:
-        report.add("pinned", *_pinned(pinned_checkpoint, size, roots, consistency, pinned_keys, keys))
+        report.add(
+            "pinned",
+            *_pinned(
+                pinned_checkpoint, size=size, roots=roots, consistency=consistency, pinned_keys=pinned_keys, keys=keys
+            ),
+        )
     if not pinned_keys:
         report.notes.append(
-            "KEY NOT PINNED: the log's own first key was trusted; pass --expected-pubkey with a key obtained out of band."
+            "KEY NOT PINNED: the log's own first key was trusted; "
+            "pass --expected-pubkey with a key obtained out of band."
         )
     return report
 
 
 def _pinned(
     pinned: Note,
+    *,
     size: int,
     roots: dict[int, bytes],
     consistency: Callable[[int, int], list[bytes]] | None,
