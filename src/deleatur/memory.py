@@ -28,12 +28,13 @@ from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundEr
 from .ids import IdGenerator, is_record_id
 from .log.checkpoint import Checkpoint
 from .log.entries import Entry, EventType, commitment
-from .log.note import Note, Signer, Verifier
+from .log.note import Note, NoteError, Signer, Verifier, open_note
 from .log.receipt import Receipt
 from .log.report import Report
-from .log.tlog import TransparencyLog
+from .log.tlog import LogError, TransparencyLog
 from .log.tlogproof import TlogProof
 from .log.verify import verify_log
+from .log.witness import format_request
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
@@ -302,6 +303,32 @@ class Memory:
         entry = next(raw for _, raw in self.backend.log_entries(index, index + 1))
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
         return Receipt(record_id=record_id, entry=entry, proof=proof)
+
+    def prove(self, index: int) -> TlogProof:
+        """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``."""
+        note = self.checkpoint()
+        size = Checkpoint.parse(note.text).size
+        if not 0 <= index < size:
+            raise InvalidInputError(f"index {index} is outside the log (size {size})")
+        entry = next(raw for _, raw in self.backend.log_entries(index, index + 1))
+        return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
+
+    def consistency_request(self, old: Note) -> str:
+        """Prove the current log extends ``old``, as a tlog-witness add-checkpoint body."""
+        try:
+            open_note(old, self.log.verifiers())
+            previous = Checkpoint.parse(old.text)
+        except NoteError as exc:
+            raise InvalidInputError(f"old checkpoint: {exc.message}") from None
+        if previous.origin != self.log.origin:
+            raise InvalidInputError(f"old checkpoint is from log {previous.origin}, not {self.log.origin}")
+        current = self.checkpoint()
+        size = Checkpoint.parse(current.text).size
+        if previous.size > size:
+            raise LogError(f"the log has {size} entries, fewer than the old checkpoint's {previous.size}")
+        if self.log.root(previous.size) != previous.root:
+            raise LogError(f"this log's root at size {previous.size} differs from the old checkpoint's")
+        return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
 
     def verify_log(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None

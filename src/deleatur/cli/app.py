@@ -8,13 +8,11 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
@@ -23,78 +21,25 @@ from ..crypto.master import default_key_file, from_environment
 from ..errors import DeleaturError, InvalidInputError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
-
-app = typer.Typer(
-    name="deleatur",
-    help="Agent memory with every GDPR data-subject right built in.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+from .common import (
+    AgentOpt,
+    JsonOpt,
+    Options,
+    RunOpt,
+    UserOpt,
+    app,
+    emit,
+    err,
+    open_memory,
+    out,
+    read_text,
+    write_output,
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+from .logs import keys_app, log_app, witness_app
 
-
-def _default_store() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "deleatur" / "memory.db"
-
-
-class _Options:
-    store: Path = _default_store()
-    tenant: str = "default"
-    key_file: Path | None = None
-
-
-@app.callback()
-def _global(
-    store: Annotated[
-        Path | None,
-        typer.Option(
-            "--store", envvar="DELEATUR_STORE", help="Store file [default: $XDG_DATA_HOME/deleatur/memory.db]."
-        ),
-    ] = None,
-    tenant: Annotated[str, typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant.")] = "default",
-    master_key_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--master-key-file",
-            envvar="DELEATUR_MASTER_KEY_FILE",
-            help="Master key file [default: STORE.master-key];"
-            " DELEATUR_MASTER_KEY or DELEATUR_PASSPHRASE take precedence.",
-        ),
-    ] = None,
-) -> None:
-    _Options.store = store or _default_store()
-    _Options.tenant = tenant
-    _Options.key_file = master_key_file
-
-
-@contextmanager
-def _memory() -> Iterator[Memory]:
-    master = from_environment(_Options.store, _Options.key_file)
-    with Memory.open(_Options.store, master, tenant=_Options.tenant) as memory:
-        yield memory
-
-
-UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memory space.")]
-AgentOpt = Annotated[str, typer.Option("--agent", "-a", help="agent_id of the memory space.")]
-RunOpt = Annotated[str, typer.Option("--run", "-r", help="run_id of the memory space.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-def _emit(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
-
-
-def _read_text(text: str) -> str:
-    """``-`` reads the text from standard input, which must be UTF-8."""
-    if text != "-":
-        return text
-    try:
-        return sys.stdin.buffer.read().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"text on standard input is not valid UTF-8 (byte {exc.start})") from None
+app.add_typer(keys_app, name="keys")
+app.add_typer(log_app, name="log")
+app.add_typer(witness_app, name="witness")
 
 
 def _records_table(
@@ -117,14 +62,14 @@ def _records_table(
 @app.command()
 def init(as_json: JsonOpt = False) -> None:
     """Create the store, its key store and a master key file (mode 0600)."""
-    _Options.store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    Options.store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     env_master = os.environ.get("DELEATUR_MASTER_KEY") or os.environ.get("DELEATUR_PASSPHRASE")
-    master = from_environment(_Options.store, _Options.key_file) if env_master else None
-    key_file = _Options.key_file or default_key_file(_Options.store)
-    memory, info = Memory.init(_Options.store, master, key_file=key_file, tenant=_Options.tenant)
+    master = from_environment(Options.store, Options.key_file) if env_master else None
+    key_file = Options.key_file or default_key_file(Options.store)
+    memory, info = Memory.init(Options.store, master, key_file=key_file, tenant=Options.tenant)
     memory.close()
     if as_json:
-        _emit(
+        emit(
             {
                 "store": str(info.store),
                 "key_store": str(info.key_store),
@@ -151,6 +96,9 @@ def remember(
     metadata: Annotated[str | None, typer.Option("--metadata", help="A JSON object.")] = None,
     confidence: Annotated[float | None, typer.Option("--confidence", help="Between 0 and 1.")] = None,
     expires_at: Annotated[str | None, typer.Option("--expires-at", help="ISO 8601 time or a delay like 30d.")] = None,
+    receipt_file: Annotated[
+        Path | None, typer.Option("--receipt", help="Also write a signed write receipt to this file.")
+    ] = None,
     user: UserOpt = "default",
     agent: AgentOpt = "",
     run: RunOpt = "",
@@ -162,9 +110,9 @@ def remember(
         expires = None if expires_at is None else parse_when(expires_at, system_clock())
     except ValueError as exc:
         raise InvalidInputError(f"--expires-at: {exc}") from None
-    with _memory() as memory:
+    with open_memory() as memory:
         record = memory.remember(
-            _read_text(text),
+            read_text(text),
             subject=subject,
             space=Space(user, agent, run),
             key=key,
@@ -174,8 +122,12 @@ def remember(
             derived_from=derived_from or (),
             expires_at=expires,
         )
+        if receipt_file is not None:
+            write_output(
+                receipt_file, json.dumps(memory.receipt(record.id, space=record.space).to_json(), indent=2) + "\n"
+            )
     if as_json:
-        _emit(record.to_json())
+        emit(record.to_json())
     else:
         out.print(record.id)
 
@@ -190,10 +142,10 @@ def recall(
     as_json: JsonOpt = False,
 ) -> None:
     """Full-text search (BM25) over the active memories of one space."""
-    with _memory() as memory:
+    with open_memory() as memory:
         hits: list[Hit] = memory.recall(query, space=Space(user, agent, run), limit=limit)
     if as_json:
-        _emit([{**h.record.to_json(), "score": h.score} for h in hits])
+        emit([{**h.record.to_json(), "score": h.score} for h in hits])
     elif not hits:
         out.print("no matching memories")
     else:
@@ -209,10 +161,10 @@ def get(
     as_json: JsonOpt = False,
 ) -> None:
     """Show one memory."""
-    with _memory() as memory:
+    with open_memory() as memory:
         record = memory.get(record_id, space=Space(user, agent, run))
     if as_json:
-        _emit(record.to_json())
+        emit(record.to_json())
         return
     table = Table(show_header=False)
     for name, value in record.to_json().items():
@@ -235,7 +187,7 @@ def list_(
     as_json: JsonOpt = False,
 ) -> None:
     """List the memories of one space, oldest first."""
-    with _memory() as memory:
+    with open_memory() as memory:
         records = memory.list(
             space=Space(user, agent, run), subject=subject, key=key, include_history=history, limit=limit
         )
@@ -259,10 +211,10 @@ def forget(
     as_json: JsonOpt = False,
 ) -> None:
     """Retire a memory: no longer recalled, kept in history (use erasure to remove it)."""
-    with _memory() as memory:
+    with open_memory() as memory:
         record = memory.forget(space=Space(user, agent, run), record_id=record_id, key=key)
     if as_json:
-        _emit(record.to_json())
+        emit(record.to_json())
     else:
         out.print(f"retired {record.id}" + (f" [key={record.key}]" if record.key else ""))
 
@@ -276,10 +228,10 @@ def history(
     as_json: JsonOpt = False,
 ) -> None:
     """Every version of a key, oldest first."""
-    with _memory() as memory:
+    with open_memory() as memory:
         records = memory.history(key, space=Space(user, agent, run))
     if as_json:
-        _emit([r.to_json() for r in records])
+        emit([r.to_json() for r in records])
         return
     out.print(_records_table(records, provenance=True))
 
@@ -299,17 +251,17 @@ def rectify(
     as_json: JsonOpt = False,
 ) -> None:
     """Art. 16: supersede the value of a key with a corrected one."""
-    with _memory() as memory:
+    with open_memory() as memory:
         record = memory.rectify(
             key,
-            _read_text(text),
+            read_text(text),
             reason=reason,
             actor=actor or f"cli:{getpass.getuser()}",
             space=Space(user, agent, run),
             erase_previous=erase_previous,
         )
     if as_json:
-        _emit(record.to_json())
+        emit(record.to_json())
     else:
         out.print(
             f"{record.id} supersedes {record.supersedes}" + (" (earlier values erased)" if erase_previous else "")

@@ -17,6 +17,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ..errors import MasterKeyError
+from .signing import write_text_secret
 
 MASTER_KEY_BYTES = 32
 # scrypt cost: about 0.1 s and 32 MiB once per open (RFC 7914 §2 guidance for interactive use).
@@ -83,11 +84,7 @@ def from_file(path: Path) -> MasterKeySource:
 
 def write_key_file(path: Path, key: bytes) -> None:
     """Create the key file with mode 0600 from the start (never world-readable, even briefly)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(key.hex() + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_text_secret(path, key.hex())
 
 
 def default_key_file(store_path: Path) -> Path:

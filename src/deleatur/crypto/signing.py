@@ -26,11 +26,16 @@ def pending_path(path: Path) -> Path:
 def write_signer(path: Path, signer: Signer, *, replace: bool) -> None:
     if path.exists() and not replace:
         raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key")
+    write_text_secret(path, signer.skey)
+
+
+def write_text_secret(path: Path, text: str) -> None:
+    """Atomically write a secret: mode 0600 from creation, fsync, rename, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(signer.skey + "\n")
+        handle.write(text + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)

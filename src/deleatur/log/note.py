@@ -215,3 +215,16 @@ def open_note(note: Note, verifiers: Sequence[Verifier]) -> list[Verifier]:
     if not verified:
         raise NoteError("no signature from a trusted key")
     return verified
+
+
+def parse_verifier(value: str, name: str) -> Verifier:
+    """A pinned key given as a verifier key string, or as 64 hex digits of a raw
+    Ed25519 public key for the key name ``name``."""
+    text = value.strip()
+    if "+" in text:
+        return Verifier.from_vkey(text)
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise NoteError("a pinned key is a verifier key (name+id+key) or 64 hex digits") from None
+    return Verifier(name, raw)

@@ -1,0 +1,113 @@
+"""What every ``deleatur`` command shares: the root app, global options, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ..crypto.master import from_environment
+from ..errors import InvalidInputError
+from ..memory import Memory
+
+app = typer.Typer(
+    name="deleatur",
+    help="Agent memory with every GDPR data-subject right built in.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _default_store() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "deleatur" / "memory.db"
+
+
+class Options:
+    store: Path = _default_store()
+    tenant: str = "default"
+    key_file: Path | None = None
+
+
+@app.callback()
+def _global(
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store", envvar="DELEATUR_STORE", help="Store file [default: $XDG_DATA_HOME/deleatur/memory.db]."
+        ),
+    ] = None,
+    tenant: Annotated[str, typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant.")] = "default",
+    master_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--master-key-file",
+            envvar="DELEATUR_MASTER_KEY_FILE",
+            help="Master key file [default: STORE.master-key];"
+            " DELEATUR_MASTER_KEY or DELEATUR_PASSPHRASE take precedence.",
+        ),
+    ] = None,
+) -> None:
+    Options.store = store or _default_store()
+    Options.tenant = tenant
+    Options.key_file = master_key_file
+
+
+@contextmanager
+def open_memory() -> Iterator[Memory]:
+    master = from_environment(Options.store, Options.key_file)
+    with Memory.open(Options.store, master, tenant=Options.tenant) as memory:
+        yield memory
+
+
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memory space.")]
+AgentOpt = Annotated[str, typer.Option("--agent", "-a", help="agent_id of the memory space.")]
+RunOpt = Annotated[str, typer.Option("--run", "-r", help="run_id of the memory space.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def emit(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+
+
+def read_text(text: str) -> str:
+    """``-`` reads the text from standard input, which must be UTF-8."""
+    if text != "-":
+        return text
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"text on standard input is not valid UTF-8 (byte {exc.start})") from None
+
+
+def read_input(path: str) -> str:
+    """A text file argument; ``-`` is standard input."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"{path} is not UTF-8 text") from None
+
+
+def write_output(path: Path | None, text: str) -> None:
+    """Write to ``path``, or to standard output when no path is given."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None

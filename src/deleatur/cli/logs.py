@@ -1,0 +1,252 @@
+"""Commands for the verifiable log: keys, checkpoints, proofs, receipts, witnesses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import InvalidInputError
+from ..log.checkpoint import Checkpoint
+from ..log.note import Note, NoteError, Verifier, parse_verifier
+from ..log.receipt import Receipt, verify_receipt
+from ..log.report import Report
+from ..log.witness import Witness
+from ..model import Space
+from .common import AgentOpt, JsonOpt, RunOpt, UserOpt, app, emit, open_memory, out, read_input, write_output
+
+keys_app = typer.Typer(help="The store's Ed25519 signing key.", no_args_is_help=True)
+log_app = typer.Typer(help="The store's transparency log.", no_args_is_help=True)
+witness_app = typer.Typer(help="A minimal C2SP witness that cosigns consistent checkpoints.", no_args_is_help=True)
+
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of standard output.")]
+PubkeyOpt = Annotated[
+    str | None,
+    typer.Option("--expected-pubkey", help="Pin the log key: a verifier key (name+id+key) or 64 hex digits."),
+]
+
+
+def _note(text: str, what: str) -> Note:
+    try:
+        return Note.parse(text)
+    except NoteError as exc:
+        raise InvalidInputError(f"{what}: {exc.message}") from None
+
+
+def _pin(value: str, name: str) -> Verifier:
+    try:
+        return parse_verifier(value, name)
+    except NoteError as exc:
+        raise InvalidInputError(f"--expected-pubkey: {exc.message}") from None
+
+
+def _print_report(report: Report, as_json: bool) -> None:
+    if as_json:
+        emit(report.to_json())
+    else:
+        for line in report.lines():
+            out.print(line, markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@keys_app.command("new")
+def keys_new(as_json: JsonOpt = False) -> None:
+    """Give a store its first signing key (stores made by `deleatur init` already have one)."""
+    with open_memory() as memory:
+        signer = memory.new_signing_key()
+        path = memory.signing_key_path
+    if as_json:
+        emit({"key_file": str(path), "vkey": signer.verifier.vkey})
+    else:
+        out.print(f"signing key written to {path} (0600)\nverifier key: {signer.verifier.vkey}")
+
+
+@keys_app.command("rotate")
+def keys_rotate(as_json: JsonOpt = False) -> None:
+    """Replace the signing key; the log records the new key, endorsed by the old one."""
+    with open_memory() as memory:
+        signer = memory.rotate_signing_key()
+    if as_json:
+        emit({"vkey": signer.verifier.vkey})
+    else:
+        out.print(f"new verifier key: {signer.verifier.vkey}")
+
+
+@keys_app.command("show")
+def keys_show(as_json: JsonOpt = False) -> None:
+    """Every signing key the log has announced, oldest first; the last one signs now."""
+    with open_memory() as memory:
+        keys = memory.backend.signing_keys()
+        current = memory.log.signer
+    rows = [
+        {
+            "key_id": key_id,
+            "vkey": vkey,
+            "log_index": index,
+            "current": current is not None and current.verifier.vkey == vkey,
+        }
+        for key_id, vkey, index, _ in keys
+    ]
+    if as_json:
+        emit(rows)
+        return
+    for row in rows:
+        out.print(
+            f"{row['key_id']}  {row['vkey']}  (log entry {row['log_index']}){'  current' if row['current'] else ''}"
+        )
+
+
+@keys_app.command("export-public")
+def keys_export_public(
+    raw_hex: Annotated[bool, typer.Option("--hex", help="Raw Ed25519 public key, 64 hex digits.")] = False,
+) -> None:
+    """The current verifier key (C2SP signed-note form), to give to verifiers out of band."""
+    with open_memory() as memory:
+        signer = memory.log.signer
+    if signer is None:
+        raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
+    out.print(signer.verifier.public_key.hex() if raw_hex else signer.verifier.vkey, markup=False, highlight=False)
+
+
+@log_app.command("checkpoint")
+def log_checkpoint(out_file: OutOpt = None) -> None:
+    """The latest signed checkpoint (C2SP tlog-checkpoint as a signed note)."""
+    with open_memory() as memory:
+        note = memory.checkpoint()
+    write_output(out_file, note.format())
+
+
+@log_app.command("prove")
+def log_prove(index: int, out_file: OutOpt = None) -> None:
+    """A C2SP tlog-proof that entry INDEX is in the log (the entry is in its `extra` line)."""
+    with open_memory() as memory:
+        proof = memory.prove(index)
+    write_output(out_file, proof.format())
+
+
+@log_app.command("consistency")
+def log_consistency(
+    old_checkpoint: Annotated[str, typer.Argument(help="A checkpoint file this log signed earlier ('-': stdin).")],
+    out_file: OutOpt = None,
+) -> None:
+    """Prove the log extends OLD_CHECKPOINT: a tlog-witness add-checkpoint request body."""
+    old = _note(read_input(old_checkpoint), "old checkpoint")
+    with open_memory() as memory:
+        body = memory.consistency_request(old)
+    write_output(out_file, body)
+
+
+@log_app.command("verify")
+def log_verify(
+    expected_pubkey: PubkeyOpt = None,
+    expected_checkpoint: Annotated[
+        str | None, typer.Option("--expected-checkpoint", help="A checkpoint you kept earlier: the log must extend it.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-derive the whole tree from the entries and check every checkpoint."""
+    pinned_checkpoint = None if expected_checkpoint is None else _note(read_input(expected_checkpoint), "checkpoint")
+    with open_memory() as memory:
+        pinned = None if expected_pubkey is None else [_pin(expected_pubkey, memory.log.origin)]
+        report = memory.verify_log(pinned_keys=pinned, pinned_checkpoint=pinned_checkpoint)
+    _print_report(report, as_json)
+
+
+@log_app.command("entries")
+def log_entries(
+    start: Annotated[int, typer.Option("--start", min=0)] = 0,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 50,
+) -> None:
+    """Print log entries (content-free JSON), one per line with its index."""
+    with open_memory() as memory:
+        for index, raw in memory.backend.log_entries(start, start + limit):
+            out.print(f"{index} {raw.decode('ascii')}", markup=False, highlight=False)
+
+
+@app.command()
+def receipt(
+    record_id: Annotated[str, typer.Argument(metavar="ID")],
+    out_file: OutOpt = None,
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+) -> None:
+    """A signed write receipt for a record, verifiable later with the public key alone."""
+    with open_memory() as memory:
+        made = memory.receipt(record_id, space=Space(user, agent, run))
+    write_output(out_file, json.dumps(made.to_json(), indent=2) + "\n")
+
+
+@app.command("verify-receipt")
+def verify_receipt_command(
+    receipt_file: Annotated[str, typer.Argument(metavar="FILE")],
+    key: Annotated[
+        str | None, typer.Option("--key", help="The log's verifier key, obtained out of band (recommended).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a write receipt; with --key no store is needed."""
+    try:
+        parsed = Receipt.loads(read_input(receipt_file))
+        origin = Checkpoint.parse(parsed.proof.checkpoint.text).origin
+    except NoteError as exc:
+        raise InvalidInputError(f"{receipt_file}: {exc.message}") from None
+    if key is not None:
+        report = verify_receipt(parsed, [_pin(key, origin)], pinned=True)
+    else:
+        with open_memory() as memory:
+            report = verify_receipt(parsed, memory.log.verifiers(), pinned=False)
+    _print_report(report, as_json)
+
+
+WitnessOpt = Annotated[Path, typer.Option("--state", envvar="DELEATUR_WITNESS", help="The witness state file.")]
+
+
+@witness_app.command("init")
+def witness_init(state: WitnessOpt, name: Annotated[str, typer.Option("--name", help="The witness key name.")]) -> None:
+    """Create a witness: a state file and a cosigning key (0600) beside it."""
+    witness = Witness.create(state, name)
+    out.print(f"witness {name}\ncosigner key: {witness.vkey}", markup=False, highlight=False)
+    witness.close()
+
+
+@witness_app.command("add-log")
+def witness_add_log(state: WitnessOpt, vkey: str) -> None:
+    """Trust a log's verifier key (its origin is the key's name)."""
+    witness = Witness.open(state)
+    try:
+        origin = witness.add_log(_pin(vkey, "").vkey)
+    finally:
+        witness.close()
+    out.print(f"now witnessing {origin}", markup=False, highlight=False)
+
+
+@witness_app.command("cosign")
+def witness_cosign(
+    state: WitnessOpt,
+    request: Annotated[
+        str, typer.Argument(help="An add-checkpoint request ('-': stdin), e.g. from `log consistency`.")
+    ],
+) -> None:
+    """Cosign a checkpoint if it is consistent with the last one seen; prints the signature lines."""
+    witness = Witness.open(state)
+    try:
+        signatures = witness.add_checkpoint(read_input(request))
+    finally:
+        witness.close()
+    write_output(None, "".join(s.line() for s in signatures))
+
+
+@witness_app.command("show")
+def witness_show(state: WitnessOpt) -> None:
+    """The witness's key and the latest size it cosigned for each log."""
+    witness = Witness.open(state)
+    try:
+        out.print(f"cosigner key: {witness.vkey}", markup=False, highlight=False)
+        for origin, vkey, size in witness.logs():
+            out.print(f"{origin}  size {size}  {vkey}", markup=False, highlight=False)
+    finally:
+        witness.close()
