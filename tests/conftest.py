@@ -38,6 +38,7 @@ def store_path(tmp_path: Path) -> Path:
 def memory(request: pytest.FixtureRequest, store_path: Path, clock: FakeClock) -> Iterator[Memory]:
     assert request.param == "sqlite"
     mem = Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True)
+    mem.new_signing_key()
     yield mem
     mem.close()
 

@@ -1,0 +1,302 @@
+"""The store's verifiable log: events, checkpoints, receipts, rotation, tampering."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur import Memory, NewMemory, from_bytes
+from deleatur.log.checkpoint import Checkpoint
+from deleatur.log.entries import Entry, EventType, commitment
+from deleatur.log.merkle import ProofError, verify_consistency
+from deleatur.log.note import Note, NoteError, Signer, open_note
+from deleatur.log.receipt import Receipt, verify_receipt
+from deleatur.log.tlog import LogError
+
+from .conftest import MASTER, store_files
+
+
+def _entries(memory: Memory) -> list[Entry]:
+    return [Entry.decode(raw) for _, raw in memory.backend.log_entries()]
+
+
+def _conn(memory: Memory) -> apsw.Connection:
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    assert isinstance(conn, apsw.Connection)
+    return conn
+
+
+def _failed(memory: Memory, **kwargs: object) -> list[str]:
+    report = memory.verify_log(**kwargs)  # type: ignore[arg-type]
+    return [c.name for c in report.failed]
+
+
+def test_every_operation_is_logged_without_content(memory: Memory, store_path: Path) -> None:
+    first = memory.remember("Alice's phone is +100 555", subject="Alice Smith", key="alice::phone")
+    memory.remember("Alice's phone is +100 556", subject="Alice Smith", key="alice::phone")
+    memory.rectify("alice::phone", "Alice's phone is +100 557", reason="typo", actor="dpo")
+    memory.forget(key="alice::phone")
+    types = [e.type for e in _entries(memory)]
+    assert types == [EventType.KEY, EventType.WRITE, EventType.WRITE, EventType.RECTIFY, EventType.RETIRE]
+    assert _entries(memory)[1].fields["commitment"] == commitment(first.nonce, "alice::phone", first.text).hex()
+    assert _entries(memory)[2].fields["supersedes"] == first.id
+    raw = b"".join(r for _, r in memory.backend.log_entries()).lower()
+    for needle in (b"alice", b"smith", b"phone", b"+100", b"typo", b"dpo"):
+        assert needle not in raw
+
+
+def test_a_checkpoint_is_signed_after_every_batch(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject="a") for i in range(10)])
+    latest = memory.backend.checkpoint()
+    assert latest is not None
+    assert latest[0] == memory.backend.log_size() == 11
+    note = Note.parse(latest[1])
+    open_note(note, memory.log.verifiers())
+    assert Checkpoint.parse(note.text).root == memory.log.root(11)
+
+
+def test_the_commitment_is_salted(memory: Memory) -> None:
+    a = memory.remember("same text", subject="a", key="k1")
+    b = memory.remember("same text", subject="a", key="k1")
+    ea, eb = _entries(memory)[1:3]
+    assert ea.fields["commitment"] != eb.fields["commitment"]
+    assert a.nonce != b.nonce
+
+
+def test_receipt_verifies_with_the_public_key_alone(memory: Memory) -> None:
+    record = memory.remember("hello", subject="a")
+    memory.remember_many([NewMemory(f"later {i}", subject="b") for i in range(20)])
+    receipt = Receipt.loads(json.dumps(memory.receipt(record.id).to_json()))
+    assert "hello" not in json.dumps(receipt.to_json())
+    key = memory.log.verifiers()
+    assert verify_receipt(receipt, key, pinned=True).ok
+
+
+def test_tampered_receipts_fail_in_the_named_check(memory: Memory) -> None:
+    record = memory.remember("hello", subject="a")
+    other = memory.remember("other", subject="a")
+    receipt = memory.receipt(record.id)
+    keys = memory.log.verifiers()
+
+    stranger = Signer.generate(memory.log.origin)
+    assert [c.name for c in verify_receipt(receipt, [stranger.verifier], pinned=True).failed] == [
+        "checkpoint_signature",
+        "inclusion",
+    ]
+
+    entry = bytearray(receipt.entry)
+    entry[entry.index(b"commitment") + 14] ^= 1  # one hex digit of the commitment: still a well-formed entry
+    forged = Receipt(record.id, bytes(entry), receipt.proof)
+    assert [c.name for c in verify_receipt(forged, keys, pinned=True).failed] == ["inclusion"]
+    garbled = Receipt(record.id, receipt.entry + b" ", receipt.proof)
+    assert [c.name for c in verify_receipt(garbled, keys, pinned=True).failed] == ["entry", "inclusion"]
+
+    wrong_record = Receipt(other.id, receipt.entry, receipt.proof)
+    assert [c.name for c in verify_receipt(wrong_record, keys, pinned=True).failed] == ["entry"]
+
+
+def test_unpinned_receipt_check_says_so(memory: Memory) -> None:
+    record = memory.remember("hello", subject="a")
+    report = verify_receipt(memory.receipt(record.id), memory.log.verifiers(), pinned=False)
+    assert report.ok
+    assert any("KEY NOT PINNED" in n for n in report.notes)
+
+
+def test_log_verifies_clean(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject=f"s{i % 3}") for i in range(50)])
+    memory.forget(record_id=next(iter(memory.list())).id)
+    report = memory.verify_log(pinned_keys=memory.log.verifiers()[:1])
+    assert report.ok, report.lines()
+    assert report.lines()[-1] == "VERDICT: PASS"
+
+
+def test_edited_entry_is_caught(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject="a") for i in range(5)])
+    raw = next(r for i, r in memory.backend.log_entries(3, 4))
+    edited = raw.replace(b'"tenant":"default"', b'"tenant":"defaulu"')
+    _conn(memory).execute("UPDATE log_entries SET entry = ? WHERE idx = 3", (edited,))
+    failed = _failed(memory)
+    assert "roots" in failed
+    assert "stored_tree" in failed
+
+
+def test_dropped_last_entry_is_caught(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject="a") for i in range(5)])
+    _conn(memory).execute("DELETE FROM log_entries WHERE idx = (SELECT max(idx) FROM log_entries)")
+    failed = _failed(memory)
+    assert "coverage" in failed
+    assert "roots" in failed
+
+
+def test_reordered_entries_are_caught(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject="a") for i in range(5)])
+    rows = dict(memory.backend.log_entries())
+    conn = _conn(memory)
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = 2", (rows[3],))
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = 3", (rows[2],))
+    assert "roots" in _failed(memory)
+
+
+def test_checkpoint_signed_by_another_key_is_caught(memory: Memory) -> None:
+    memory.remember("x", subject="a")
+    size, text = memory.backend.checkpoint() or (0, "")
+    intruder = Signer.generate(memory.log.origin)
+    forged = Note(Note.parse(text).text, (intruder.sign(Note.parse(text).text),)).format()
+    _conn(memory).execute("UPDATE log_checkpoints SET note = ? WHERE size = ?", (forged, size))
+    assert _failed(memory) == ["signatures"]
+
+
+def test_two_roots_for_one_size_are_refused(memory: Memory) -> None:
+    memory.remember("x", subject="a")
+    size, text = memory.backend.checkpoint() or (0, "")
+    real = Checkpoint.parse(Note.parse(text).text)
+    other = Checkpoint(real.origin, real.size, bytes(32))
+    with pytest.raises(ProofError, match="same size have different roots"):
+        verify_consistency(size, size, real.root, other.root, [])
+    # The log itself never signs a second root for a size it already signed.
+    signer = memory.log.signer
+    assert signer is not None
+    forged = Note(other.body(), (signer.sign(other.body()),)).format()
+    _conn(memory).execute("UPDATE log_checkpoints SET note = ? WHERE size = ?", (forged, size))
+    with pytest.raises(LogError, match="second, different checkpoint"), memory.backend.atomic():
+        memory.log.checkpoint()
+    assert "roots" in _failed(memory)
+
+
+def _truncate(memory: Memory, new_size: int) -> None:
+    """What a careful attacker with database access does: drop the newest entries,
+    every hash that covers them, and every checkpoint that mentions them."""
+    conn = _conn(memory)
+    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
+    for level in range(64):
+        conn.execute(
+            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
+        )
+    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
+
+
+def test_truncation_with_checkpoint_deleted_needs_a_pinned_checkpoint(memory: Memory) -> None:
+    """A peer's audit chain passes after its newest row and checkpoint are deleted.
+    Ours passes on its own too (and its note says why that proves little); against
+    a checkpoint the reader pinned earlier it fails."""
+    memory.remember("first", subject="a")
+    early = memory.checkpoint()
+    memory.remember_many([NewMemory("second", subject="a"), NewMemory("third", subject="a")])
+    later = memory.checkpoint()
+    early_size = Checkpoint.parse(early.text).size
+
+    # Cutting into a batch leaves entries no checkpoint covers: caught without any pin.
+    _truncate(memory, early_size + 1)
+    assert _failed(memory) == ["coverage"]
+
+    # Cutting the whole newest batch and its checkpoint leaves a self-consistent log.
+    _truncate(memory, early_size)
+    alone = memory.verify_log()
+    assert alone.ok
+    assert any("NOT ANCHORED" in n for n in alone.notes)
+    assert _failed(memory, pinned_checkpoint=later) == ["pinned"]
+    assert memory.verify_log(pinned_checkpoint=early).ok  # what the early reader saw is still there
+
+
+def test_log_rewritten_and_resigned_by_the_key_holder_fails_the_pin(memory: Memory) -> None:
+    memory.remember_many([NewMemory(f"note {i}", subject="a") for i in range(4)])
+    pinned = memory.checkpoint()
+    size = memory.backend.log_size()
+    # The operator rewrites entry 2 and rebuilds every hash and checkpoint with the real key.
+    rows = [raw for _, raw in memory.backend.log_entries()]
+    rows[2] = rows[2].replace(b'"tenant":"default"', b'"tenant":"rewritten"')
+    conn = _conn(memory)
+    for table in ("log_entries", "log_nodes", "log_checkpoints"):
+        conn.execute(f"DELETE FROM {table}")
+    with memory.backend.atomic():
+        memory.log.append([(Entry.decode(r), None) for r in rows])
+        memory.log.checkpoint()
+    assert memory.backend.log_size() == size
+    assert memory.verify_log().ok  # self-consistent: only an anchor can tell
+    assert _failed(memory, pinned_checkpoint=pinned) == ["pinned"]
+
+
+def test_rotation_keeps_old_proofs_verifiable(memory: Memory) -> None:
+    first_key = memory.log.verifiers()[0]
+    before = memory.remember("before rotation", subject="a")
+    old_receipt = memory.receipt(before.id)
+    old_checkpoint = memory.checkpoint()
+    memory.rotate_signing_key()
+    new_key = memory.log.verifiers()[-1]
+    assert new_key.vkey != first_key.vkey
+    after = memory.remember("after rotation", subject="a")
+    assert verify_receipt(old_receipt, [first_key], pinned=True).ok
+    assert verify_receipt(memory.receipt(after.id), [new_key], pinned=True).ok
+    assert not verify_receipt(memory.receipt(after.id), [first_key], pinned=True).ok
+    # Pinned to the first key, a verifier follows the endorsed chain to the new one.
+    report = memory.verify_log(pinned_keys=[first_key], pinned_checkpoint=old_checkpoint)
+    assert report.ok, report.lines()
+    kinds = [e.type for e in _entries(memory)]
+    assert kinds.count(EventType.KEY) == 2
+    # The rotation checkpoint carries both signatures.
+    rotation_size = memory.backend.signing_keys()[-1][2] + 1
+    found = memory.backend.checkpoint(rotation_size)
+    assert found is not None
+    assert {s.key_id for s in Note.parse(found[1]).signatures} == {first_key.key_id, new_key.key_id}
+
+
+def test_unendorsed_key_announcement_is_caught(memory: Memory) -> None:
+    memory.remember("x", subject="a")
+    intruder = Signer.generate(memory.log.origin)
+    entry = Entry(EventType.KEY, 1, {"vkey": intruder.verifier.vkey, "previous": memory.log.verifiers()[0].vkey,
+                                     "endorsement": base64.b64encode(bytes(64)).decode()})  # fmt: skip
+    with memory.backend.atomic():
+        memory.log.append([(entry, None)])
+        memory.log.checkpoint()
+    assert _failed(memory) == ["key_chain"]
+
+
+def test_reopening_finishes_an_interrupted_rotation(memory: Memory, store_path: Path) -> None:
+    new = Signer.generate(memory.log.origin)
+    from deleatur.crypto.signing import pending_path, write_signer
+
+    old = memory.log.signer
+    assert old is not None
+    write_signer(pending_path(memory.signing_key_path), new, replace=True)
+    with memory.backend.atomic():  # the rotation committed, then the process died
+        memory.log.announce_key(new, previous=old)
+        memory.log.signer = new
+        memory.log.checkpoint(old)
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert reopened.log.signer is not None
+        assert reopened.log.signer.key_id == new.key_id
+        assert not pending_path(memory.signing_key_path).exists()
+
+
+def test_signing_key_is_0600_and_not_in_the_database(memory: Memory, store_path: Path) -> None:
+    signer = memory.log.signer
+    assert signer is not None
+    assert memory.signing_key_path.stat().st_mode & 0o777 == 0o600
+    seed = base64.b64decode(signer.skey.split("+", 4)[4])[1:]
+    for path in store_files(store_path):
+        if path != memory.signing_key_path:
+            assert seed not in path.read_bytes()
+
+
+def test_a_foreign_signing_key_file_is_refused(memory: Memory, store_path: Path) -> None:
+    from deleatur import KeyStoreError
+    from deleatur.crypto.signing import write_signer
+
+    write_signer(memory.signing_key_path, Signer.generate(memory.log.origin), replace=True)
+    with pytest.raises(KeyStoreError, match="is not this store's current key"):
+        Memory.open(store_path, from_bytes(MASTER))
+
+
+def test_malformed_notes_are_refused() -> None:
+    with pytest.raises(NoteError, match="empty line"):
+        Note.parse("no signatures\n")
+    with pytest.raises(NoteError, match="em dash"):
+        Note.parse("text\n\n- name AAAA\n")
+    with pytest.raises(NoteError, match="newline"):
+        Checkpoint.parse("origin\n1\nroot")
+    with pytest.raises(NoteError, match="leading zeroes"):
+        Checkpoint.parse(f"origin\n01\n{base64.b64encode(bytes(32)).decode()}\n")

@@ -1,0 +1,120 @@
+"""The minimal witness: cosigns only checkpoints consistent with what it saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deleatur import Memory, NewMemory
+from deleatur.log.checkpoint import Checkpoint
+from deleatur.log.cosignature import CosignatureVerifier
+from deleatur.log.note import Note, Signer
+from deleatur.log.witness import (
+    ConflictError,
+    InconsistentError,
+    UnknownLogError,
+    UntrustedCheckpointError,
+    Witness,
+    WitnessError,
+    format_request,
+)
+
+from .conftest import FakeClock
+
+
+@pytest.fixture
+def witness(tmp_path: Path, clock: FakeClock) -> Witness:
+    return Witness.create(tmp_path / "witness.db", "witness.example/w1", clock=clock)
+
+
+def _first(memory: Memory) -> str:
+    return format_request(0, [], memory.checkpoint())
+
+
+def test_cosigns_a_consistent_history(memory: Memory, witness: Witness, clock: FakeClock) -> None:
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    first = memory.checkpoint()
+    [sig] = witness.add_checkpoint(format_request(0, [], first))
+    verifier = CosignatureVerifier.from_vkey(witness.vkey)
+    assert verifier.verify(first.text, sig) == clock.now // 1_000_000
+    memory.remember_many([NewMemory(f"n{i}", subject="a") for i in range(7)])
+    [sig2] = witness.add_checkpoint(memory.consistency_request(first))
+    assert verifier.verify(memory.checkpoint().text, sig2) > 0
+    assert witness.logs()[0][2] == memory.backend.log_size()
+
+
+def test_refuses_a_split_view(memory: Memory, witness: Witness) -> None:
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    seen = memory.checkpoint()
+    witness.add_checkpoint(format_request(0, [], seen))
+    # The log key signs a different tree of the same size: a split view.
+    cp = Checkpoint.parse(seen.text)
+    other = Checkpoint(cp.origin, cp.size, bytes(32)).body()
+    signer = memory.log.signer
+    assert signer is not None
+    fork = Note(other, (signer.sign(other),))
+    with pytest.raises(ConflictError, match="split view") as caught:
+        witness.add_checkpoint(format_request(cp.size, [], fork))
+    assert caught.value.status == 409
+
+
+def test_refuses_an_inconsistent_extension(memory: Memory, witness: Witness) -> None:
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    first = memory.checkpoint()
+    witness.add_checkpoint(format_request(0, [], first))
+    memory.remember("two", subject="a")
+    size = Checkpoint.parse(first.text).size
+    bogus = [bytes(32)] * len(memory.log.consistency_proof(size, memory.backend.log_size()))
+    with pytest.raises(InconsistentError) as caught:
+        witness.add_checkpoint(format_request(size, bogus, memory.checkpoint()))
+    assert caught.value.status == 422
+
+
+def test_refuses_a_stale_old_size_and_reports_its_own(memory: Memory, witness: Witness) -> None:
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    witness.add_checkpoint(_first(memory))
+    memory.remember("two", subject="a")
+    with pytest.raises(ConflictError) as caught:
+        witness.add_checkpoint(_first(memory))
+    assert caught.value.latest_size == 2
+
+
+def test_refuses_unknown_logs_and_untrusted_signatures(memory: Memory, witness: Witness) -> None:
+    memory.remember("one", subject="a")
+    with pytest.raises(UnknownLogError) as unknown:
+        witness.add_checkpoint(_first(memory))
+    assert unknown.value.status == 404
+    impostor = Signer.generate(memory.log.origin)
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    text = memory.checkpoint().text
+    with pytest.raises(UntrustedCheckpointError) as untrusted:
+        witness.add_checkpoint(format_request(0, [], Note(text, (impostor.sign(text),))))
+    assert untrusted.value.status == 403
+
+
+def test_malformed_requests(witness: Witness) -> None:
+    with pytest.raises(WitnessError, match="first line must be 'old"):
+        witness.add_checkpoint("new 1\n\nx\n")
+    with pytest.raises(WitnessError, match="no empty line"):
+        witness.add_checkpoint("old 0\n")
+
+
+def test_witness_state_survives_reopening(memory: Memory, tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    Witness.create(path, "w").close()
+    w = Witness.open(path)
+    w.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    w.add_checkpoint(_first(memory))
+    w.close()
+    again = Witness.open(path)
+    assert again.logs()[0][2] == memory.backend.log_size()
+    with pytest.raises(ConflictError):
+        again.add_checkpoint(_first(memory))  # it remembers it already saw this log
+    again.close()
+    assert (tmp_path / "w.db.key").stat().st_mode & 0o777 == 0o600
