@@ -127,3 +127,10 @@ def test_aics_tlog_verifies_checkpoint_cosignature_and_inclusion(
     )
     assert bad.returncode == 1
     witness.close()
+
+
+def test_go_reference_verifies_the_golden_checkpoint_and_proof(goverify: Path) -> None:
+    vkey = (Path(__file__).parent / "golden" / "keys.txt").read_text().split("\n")[0]
+    golden = Path(__file__).parent / "golden"
+    assert _run(goverify, "checkpoint", vkey, golden / "checkpoint.txt").returncode == 0
+    assert _run(goverify, "inclusion", vkey, golden / "index-5.tlog-proof").returncode == 0
