@@ -1,14 +1,19 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import io
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from deleatur import Memory, from_bytes
+from deleatur.cli.app import main
 
 MASTER = bytes(range(32))
 BACKENDS = ["sqlite"]
+#: Runs the CLI in-process: (arguments..., stdin=bytes) -> (exit code, stdout, stderr).
+Cli = Callable[..., tuple[int, str, str]]
 
 
 class FakeClock:
@@ -46,3 +51,31 @@ def memory(request: pytest.FixtureRequest, store_path: Path, clock: FakeClock) -
 def store_files(store_path: Path) -> list[Path]:
     """Every file next to the store that the store or its key store may have written."""
     return sorted(p for p in store_path.parent.iterdir() if p.name.startswith(store_path.name))
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """Run the CLI in-process (fast); returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("DELEATUR_STORE", str(tmp_path / "cli.db"))
+    for var in ("DELEATUR_MASTER_KEY", "DELEATUR_PASSPHRASE", "DELEATUR_MASTER_KEY_FILE", "DELEATUR_TENANT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["deleatur", *args])
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", _Stdin(stdin))
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+class _Stdin:
+    def __init__(self, data: bytes) -> None:
+        self.buffer = io.BytesIO(data)

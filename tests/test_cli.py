@@ -6,47 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import apsw
 import pytest
 
-from deleatur.cli.app import main
 from deleatur.memory import keystore_path
 
+from .conftest import Cli
+
 DELEATUR = Path(sys.executable).with_name("deleatur")
-Cli = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
-    """Run the CLI in-process (fast); returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("DELEATUR_STORE", str(tmp_path / "cli.db"))
-    for var in ("DELEATUR_MASTER_KEY", "DELEATUR_PASSPHRASE", "DELEATUR_MASTER_KEY_FILE", "DELEATUR_TENANT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def run(*args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["deleatur", *args])
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", _Stdin(stdin))
-        code = 0
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
-
-
-class _Stdin:
-    def __init__(self, data: bytes) -> None:
-        import io
-
-        self.buffer = io.BytesIO(data)
 
 
 def _snapshot(store: Path) -> tuple[object, ...]:

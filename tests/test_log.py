@@ -9,13 +9,12 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Memory, NewMemory, from_bytes
+from deleatur import IntegrityError, Memory, NewMemory, from_bytes
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType, commitment
 from deleatur.log.merkle import ProofError, verify_consistency
 from deleatur.log.note import Note, NoteError, Signer, open_note
 from deleatur.log.receipt import Receipt, verify_receipt
-from deleatur.log.tlog import LogError
 
 from .conftest import MASTER, store_files
 
@@ -162,7 +161,7 @@ def test_two_roots_for_one_size_are_refused(memory: Memory) -> None:
     assert signer is not None
     forged = Note(other.body(), (signer.sign(other.body()),)).format()
     _conn(memory).execute("UPDATE log_checkpoints SET note = ? WHERE size = ?", (forged, size))
-    with pytest.raises(LogError, match="second, different checkpoint"), memory.backend.atomic():
+    with pytest.raises(IntegrityError, match="second, different checkpoint"), memory.backend.atomic():
         memory.log.checkpoint()
     assert "roots" in _failed(memory)
 

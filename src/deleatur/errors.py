@@ -1,17 +1,29 @@
 """The one error tree of deleatur.
 
-Every error the library raises on purpose derives from :class:`DeleaturError`::
+Every error the library raises on purpose derives from :class:`DeleaturError`;
+the shells map ``exit_code`` to the process exit status::
 
-    DeleaturError                      exit 1 unless a subclass says otherwise
-    ├── InvalidInputError              exit 2: the caller's input is wrong
-    │   └── NotFoundError              exit 2: unknown id, key or store
-    ├── StoreError                     exit 2: the store cannot be used as given
-    │   ├── NotADeleaturStoreError     the file is not a deleatur store
-    │   └── SchemaVersionError         the store was written by a newer deleatur
-    ├── KeyStoreError                  the keys protecting the store
-    │   ├── MasterKeyError             exit 2: master key missing or wrong
-    │   └── DataKeyDestroyedError      exit 1: the subject's data key is gone
-    └── IntegrityError                 exit 1: stored bytes fail authentication
+    DeleaturError                        exit 1 unless a subclass says otherwise
+    ├── InvalidInputError                exit 2: the caller's input is wrong
+    │   └── NotFoundError                exit 2: unknown id, key or store
+    ├── StoreError                       exit 2: the store cannot be used as given
+    │   ├── NotADeleaturStoreError       the file is not a deleatur store
+    │   └── SchemaVersionError           the store was written by a newer deleatur
+    ├── KeyStoreError                    the keys protecting the store
+    │   ├── MasterKeyError               exit 2: master key missing or wrong
+    │   └── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
+    ├── IntegrityError                   stored bytes fail authentication, or a log
+    │                                    would be made to contradict itself
+    ├── log.tlog.LogError                exit 2: no signing key, size out of range
+    ├── log.merkle.ProofError            a Merkle proof does not verify (names the step)
+    ├── log.note.NoteError               a signed note, key string or signature is bad
+    │   └── log.receipt.ReceiptError     a receipt file cannot be read
+    ├── log.entries.EntryError           a log entry is not canonical
+    └── log.witness.WitnessError         exit 2: the witness refuses (``status`` is
+        ├── UnknownLogError              the tlog-witness HTTP status: 404, 403,
+        ├── UntrustedCheckpointError     409 with the witness's latest size, 422)
+        ├── ConflictError
+        └── InconsistentError
 
 Errors carry context (``subject``, ``record_id``, ``request_id``) as attributes so
 that shells can report it, but their messages never contain record text: an

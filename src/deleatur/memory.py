@@ -247,7 +247,7 @@ class Memory:
     def new_signing_key(self) -> Signer:
         """Give a store its first signing key (announced as the first key of its log)."""
         if self.log.signer is not None or self.backend.signing_keys():
-            raise KeyStoreError("this store already has a signing key; use rotate_signing_key")
+            raise InvalidInputError("this store already has a signing key; use rotate_signing_key")
         signer = Signer.generate(self.log.origin)
         write_signer(self.signing_key_path, signer, replace=False)
         try:
@@ -267,7 +267,7 @@ class Memory:
         before stay verifiable with the old public key; the old private key is gone."""
         old = self.log.signer
         if old is None:
-            raise KeyStoreError("this store has no signing key to rotate; use new_signing_key")
+            raise InvalidInputError("this store has no signing key to rotate; use new_signing_key")
         new = Signer.generate(self.log.origin)
         pending = pending_path(self.signing_key_path)
         write_signer(pending, new, replace=True)

@@ -12,7 +12,7 @@ import base64
 from collections.abc import Callable, Sequence
 
 from ..clock import Clock
-from ..errors import DeleaturError
+from ..errors import DeleaturError, IntegrityError
 from ..store.protocol import Backend
 from .checkpoint import Checkpoint
 from .entries import Entry, EventType
@@ -24,6 +24,8 @@ ROTATION_CONTEXT = b"deleatur/key-rotation/v1\n"
 
 class LogError(DeleaturError):
     """The log cannot do what was asked (no signing key, size out of range, ...)."""
+
+    exit_code = 2
 
 
 def rotation_message(new_vkey: str) -> bytes:
@@ -101,7 +103,7 @@ class TransparencyLog:
         body = Checkpoint(self.origin, size, self.root(size)).body()
         existing = self.backend.checkpoint(size)
         if existing is not None and not existing[1].startswith(body + "\n"):
-            raise LogError(f"refusing to sign a second, different checkpoint for size {size}")
+            raise IntegrityError(f"refusing to sign a second, different checkpoint for size {size}")
         note = Note(body, tuple(s.sign(body) for s in (self.signer, *extra_signers)))
         if existing is None or extra_signers:
             self.backend.put_checkpoint(size, note.format())

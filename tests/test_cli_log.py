@@ -1,0 +1,105 @@
+"""The log, key, receipt and witness commands as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import Cli
+
+
+@pytest.fixture
+def store(cli: Cli, tmp_path: Path) -> Path:
+    assert cli("init")[0] == 0
+    return tmp_path / "cli.db"
+
+
+def _vkey(cli: Cli) -> str:
+    code, out, _ = cli("keys", "export-public")
+    assert code == 0
+    return out.strip()
+
+
+def test_keys_commands(cli: Cli, store: Path) -> None:
+    vkey = _vkey(cli)
+    name, key_id, _ = vkey.split("+", 2)
+    assert name.startswith("deleatur/")
+    code, out, _ = cli("keys", "export-public", "--hex")
+    assert len(out.strip()) == 64
+    code, _, err = cli("keys", "new")
+    assert code == 2
+    assert "already has a signing key" in err
+    code, out, _ = cli("keys", "rotate", "--json")
+    new = json.loads(out)["vkey"]
+    code, out, _ = cli("keys", "show", "--json")
+    shown = json.loads(out)
+    assert [k["vkey"] for k in shown] == [vkey, new]
+    assert [k["current"] for k in shown] == [False, True]
+    assert key_id == shown[0]["key_id"]
+
+
+def test_receipt_round_trip(cli: Cli, store: Path, tmp_path: Path) -> None:
+    receipt = tmp_path / "r.json"
+    code, out, _ = cli("remember", "Alice likes tea", "-s", "Alice", "--receipt", str(receipt))
+    assert code == 0
+    assert "Alice" not in receipt.read_text()
+    vkey = _vkey(cli)
+    code, out, _ = cli("verify-receipt", str(receipt), "--key", vkey)
+    assert code == 0, out
+    assert out.strip().endswith("VERDICT: PASS")
+    code, out, _ = cli("verify-receipt", str(receipt))
+    assert code == 0
+    assert "KEY NOT PINNED" in out
+    data = json.loads(receipt.read_text())
+    data["tlog_proof"] = data["tlog_proof"].replace("index 1", "index 0")
+    receipt.write_text(json.dumps(data))
+    code, out, _ = cli("verify-receipt", str(receipt), "--key", vkey, "--json")
+    assert code == 1
+    assert json.loads(out)["verdict"] == "FAIL"
+    code, out, _ = cli("receipt", "01a22a03-19d9-75ea-b6f8-0a895b612b14")
+    assert code == 2
+
+
+def test_checkpoint_prove_consistency_verify(cli: Cli, store: Path, tmp_path: Path) -> None:
+    cli("remember", "one", "-s", "a")
+    old = tmp_path / "old.txt"
+    assert cli("log", "checkpoint", "--out", str(old))[0] == 0
+    cli("remember", "two", "-s", "a")
+    cli("remember", "three", "-s", "b")
+    code, out, _ = cli("log", "prove", "2")
+    assert out.startswith("c2sp.org/tlog-proof@v1\nextra ")
+    assert cli("log", "prove", "99")[0] == 2
+    code, out, _ = cli("log", "consistency", str(old))
+    assert out.startswith("old 2\n")
+    code, out, _ = cli("log", "verify", "--expected-pubkey", _vkey(cli), "--expected-checkpoint", str(old))
+    assert code == 0, out
+    assert "VERDICT: PASS" in out
+    code, out, _ = cli("log", "verify")
+    assert "NOTE NOT ANCHORED" in out
+    code, out, _ = cli("log", "entries", "--limit", "2")
+    assert [line.split(" ", 1)[0] for line in out.strip().split("\n")] == ["0", "1"]
+    assert cli("log", "verify", "--expected-pubkey", "zz")[0] == 2
+
+
+def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
+    state = tmp_path / "w.db"
+    assert cli("witness", "init", "--state", str(state), "--name", "witness.example/w")[0] == 0
+    assert cli("witness", "add-log", "--state", str(state), _vkey(cli))[0] == 0
+    cp = tmp_path / "cp.txt"
+    cli("log", "checkpoint", "--out", str(cp))
+    first = tmp_path / "first.txt"
+    first.write_text("old 0\n\n" + cp.read_text())
+    code, out, _ = cli("witness", "cosign", "--state", str(state), str(first))
+    assert code == 0
+    assert out.startswith("\u2014 witness.example/w ")
+    cli("remember", "more", "-s", "a")
+    request = tmp_path / "req.txt"
+    assert cli("log", "consistency", str(cp), "--out", str(request))[0] == 0
+    assert cli("witness", "cosign", "--state", str(state), str(request))[0] == 0
+    code, _, err = cli("witness", "cosign", "--state", str(state), str(first))
+    assert code == 2
+    assert "latest size" in err
+    code, out, _ = cli("witness", "show", "--state", str(state))
+    assert "size 2" in out  # the key announcement and one write
