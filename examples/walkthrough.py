@@ -76,8 +76,38 @@ def main() -> None:
         run("remember", "   ", "--subject", "Alice Martin", expect=2)
         run("get", "not-an-id", expect=2)
 
+        step("Every change is an entry in a signed, append-only Merkle log (RFC 6962, C2SP checkpoints)")
+        tmpdir = Path(tmp)
+        vkey = run("keys", "export-public")
+        receipt = tmpdir / "receipt.json"
+        run("remember", "Bob prefers tea", "--subject", "Bob Stone", "--receipt", str(receipt))
+        run("verify-receipt", str(receipt), "--key", vkey)
+        old = tmpdir / "checkpoint.txt"
+        run("log", "checkpoint", "--out", str(old))
+        run("remember", "Bob's order 1042 shipped", "--subject", "Bob Stone")
+        run("log", "entries", "--start", "6", "--limit", "3")
+
+        step("A witness cosigns a checkpoint only if the log provably extends what it saw before")
+        state = tmpdir / "witness.db"
+        run("witness", "init", "--state", str(state), "--name", "witness.example/w1")
+        run("witness", "add-log", "--state", str(state), vkey)
+        first = tmpdir / "first.txt"
+        first.write_text("old 0\n\n" + old.read_text())
+        run("witness", "cosign", "--state", str(state), str(first))
+        request = tmpdir / "request.txt"
+        run("log", "consistency", str(old), "--out", str(request))
+        run("witness", "cosign", "--state", str(state), str(request))
+
+        step("Anyone can re-derive the log and check it against a pinned key and checkpoint")
+        run("log", "verify", "--expected-pubkey", vkey, "--expected-checkpoint", str(old))
+
+        step("A tampered receipt fails, naming the check")
+        data = receipt.read_text().replace('"entry": "eyJ', '"entry": "eyK', 1)
+        (tmpdir / "tampered.json").write_text(data)
+        run("verify-receipt", str(tmpdir / "tampered.json"), "--key", vkey, expect=1)
+
         step("On disk: names, keys and texts are encrypted under per-subject keys")
-        blob = b"".join(p.read_bytes() for p in Path(tmp).iterdir())
+        blob = b"".join(p.read_bytes() for p in Path(tmp).iterdir() if p.name.startswith("memory.db"))
         for needle in ("Alice Martin", "alice::phone", "+33 6 99 99 99 90"):
             print(f"{needle!r} in any store file: {needle.encode() in blob}")
 

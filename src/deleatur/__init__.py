@@ -16,30 +16,57 @@ from .errors import (
     SchemaVersionError,
     StoreError,
 )
+from .log.checkpoint import Checkpoint
+from .log.cosignature import CosignatureVerifier, Cosigner
+from .log.entries import Entry, EventType
+from .log.merkle import ProofError, verify_consistency, verify_inclusion
+from .log.note import Note, NoteError, Signer, Verifier
+from .log.receipt import Receipt, verify_receipt
+from .log.report import Check, Report
+from .log.tlog import LogError
+from .log.tlogproof import TlogProof
+from .log.witness import Witness, WitnessError
 from .memory import Memory, StoreInfo
 from .model import Hit, NewMemory, Record, Space, Status, canonical_subject
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Check",
+    "Checkpoint",
+    "CosignatureVerifier",
+    "Cosigner",
     "DataKeyDestroyedError",
     "DeleaturError",
+    "Entry",
+    "EventType",
     "Hit",
     "IntegrityError",
     "InvalidInputError",
     "KeyStoreError",
+    "LogError",
     "MasterKeyError",
     "MasterKeySource",
     "Memory",
     "NewMemory",
     "NotADeleaturStoreError",
     "NotFoundError",
+    "Note",
+    "NoteError",
+    "ProofError",
+    "Receipt",
     "Record",
+    "Report",
     "SchemaVersionError",
+    "Signer",
     "Space",
     "Status",
     "StoreError",
     "StoreInfo",
+    "TlogProof",
+    "Verifier",
+    "Witness",
+    "WitnessError",
     "__version__",
     "canonical_subject",
     "from_bytes",
@@ -47,4 +74,7 @@ __all__ = [
     "from_file",
     "from_hex",
     "from_passphrase",
+    "verify_consistency",
+    "verify_inclusion",
+    "verify_receipt",
 ]

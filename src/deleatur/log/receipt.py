@@ -92,7 +92,7 @@ def verify_receipt(receipt: Receipt, trusted: Sequence[Verifier], *, pinned: boo
             )
             report.add("inclusion", True, f"entry {receipt.proof.index} is in the tree of size {checkpoint.size}")
         except ProofError as exc:
-            report.add("inclusion", False, exc.message)
+            report.add("inclusion", False, exc.message.removeprefix("inclusion: "))
     if not pinned:
         report.notes.append(
             "KEY NOT PINNED: the receipt was checked against the store's own key; pass --key with the "
