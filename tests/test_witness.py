@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import Memory, NewMemory
+from deleatur import InvalidInputError, Memory, NewMemory
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.cosignature import CosignatureVerifier
-from deleatur.log.note import Note, Signer
+from deleatur.log.note import Note, Signature, Signer
 from deleatur.log.witness import (
     ConflictError,
     InconsistentError,
@@ -118,3 +118,22 @@ def test_witness_state_survives_reopening(memory: Memory, tmp_path: Path) -> Non
         again.add_checkpoint(_first(memory))  # it remembers it already saw this log
     again.close()
     assert (tmp_path / "w.db.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_cosignatures_are_checked_and_attached(memory: Memory, witness: Witness) -> None:
+    witness.add_log(memory.log.verifiers()[0].vkey)
+    memory.remember("one", subject="a")
+    [sig] = witness.add_checkpoint(_first(memory))
+    verifier = CosignatureVerifier.from_vkey(witness.vkey)
+    cosigned = memory.add_cosignatures(sig.line(), verifier)
+    assert len(cosigned.signatures) == 2
+    assert memory.checkpoint() == cosigned  # receipts and proofs now carry the cosignature
+    assert memory.verify_log().ok
+    other = Witness.create(witness.path.with_name("other.db"), "witness.example/other")
+    with pytest.raises(InvalidInputError, match="no signature line from witness"):
+        memory.add_cosignatures(sig.line(), CosignatureVerifier.from_vkey(other.vkey))
+    flipped = bytearray(sig.signature)
+    flipped[-1] ^= 1
+    forged = Signature(sig.name, sig.key_id, bytes(flipped))
+    with pytest.raises(InvalidInputError, match="does not verify"):
+        memory.add_cosignatures(forged.line(), verifier)

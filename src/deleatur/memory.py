@@ -27,6 +27,7 @@ from .crypto.signing import pending_path, read_signer, signing_key_path, write_s
 from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundError, StoreError
 from .ids import IdGenerator, is_record_id
 from .log.checkpoint import Checkpoint
+from .log.cosignature import CosignatureVerifier
 from .log.entries import Entry, EventType, commitment
 from .log.note import Note, NoteError, Signer, Verifier, open_note
 from .log.receipt import Receipt
@@ -329,6 +330,28 @@ class Memory:
         if self.log.root(previous.size) != previous.root:
             raise LogError(f"this log's root at size {previous.size} differs from the old checkpoint's")
         return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
+
+    def add_cosignatures(self, lines: str, witness: CosignatureVerifier, *, size: int | None = None) -> Note:
+        """Attach a witness's cosignatures (note signature lines) to a stored checkpoint,
+        after checking each one; the latest checkpoint unless ``size`` is given."""
+        found = self.backend.checkpoint(size)
+        if found is None:
+            raise NotFoundError(f"no checkpoint of size {size}" if size is not None else "the log has no checkpoint")
+        note = Note.parse(found[1])
+        try:
+            extra = Note.parse(note.text + "\n" + lines).signatures
+            mine = [s for s in extra if witness.matches(s)]
+            if not mine:
+                raise NoteError(f"no signature line from witness {witness.name} ({witness.key_id.hex()})")
+            for signature in mine:
+                witness.verify(note.text, signature)
+        except NoteError as exc:
+            raise InvalidInputError(f"cosignature for the checkpoint of size {found[0]}: {exc.message}") from None
+        known = set(note.signatures)
+        cosigned = note.with_signatures(s for s in mine if s not in known)
+        with self.backend.atomic():
+            self.backend.put_checkpoint(found[0], cosigned.format())
+        return cosigned
 
     def verify_log(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None

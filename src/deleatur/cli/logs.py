@@ -10,6 +10,7 @@ import typer
 
 from ..errors import InvalidInputError
 from ..log.checkpoint import Checkpoint
+from ..log.cosignature import CosignatureVerifier
 from ..log.note import Note, NoteError, Verifier, parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
@@ -137,6 +138,22 @@ def log_consistency(
     with open_memory() as memory:
         body = memory.consistency_request(old)
     write_output(out_file, body)
+
+
+@log_app.command("add-cosignature")
+def log_add_cosignature(
+    signatures: Annotated[str, typer.Argument(help="The witness's signature lines ('-': stdin).")],
+    witness: Annotated[str, typer.Option("--witness", help="The witness's cosigner key (type 0x04 vkey).")],
+    size: Annotated[int | None, typer.Option("--size", help="The checkpoint's tree size [default: latest].")] = None,
+) -> None:
+    """Check a witness's cosignature and attach it to the stored checkpoint."""
+    try:
+        verifier = CosignatureVerifier.from_vkey(witness)
+    except NoteError as exc:
+        raise InvalidInputError(f"--witness: {exc.message}") from None
+    with open_memory() as memory:
+        note = memory.add_cosignatures(read_input(signatures), verifier, size=size)
+    write_output(None, note.format())
 
 
 @log_app.command("verify")
