@@ -14,6 +14,7 @@ import binascii
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -114,8 +115,8 @@ def check_text(text: str) -> None:
         raise NoteError("note text must be valid UTF-8") from None
 
 
-class Verifier:
-    """A trusted Ed25519 note key (signature type 0x01)."""
+class PublicKey:
+    """A named Ed25519 public key of one signature type, as verifiers are configured."""
 
     sig_type = ED25519
 
@@ -134,7 +135,7 @@ class Verifier:
         return f"{self.name}+{self.key_id.hex()}+{material}"
 
     @classmethod
-    def from_vkey(cls, vkey: str) -> Verifier:
+    def from_vkey(cls, vkey: str) -> Self:
         parts = vkey.strip().split("+", 2)
         if len(parts) != 3:
             raise NoteError("a verifier key is <name>+<hex key id>+<base64 key>")
@@ -150,12 +151,36 @@ class Verifier:
     def matches(self, signature: Signature) -> bool:
         return signature.name == self.name and signature.key_id == self.key_id
 
+
+class Verifier(PublicKey):
+    """A trusted Ed25519 note key (signature type 0x01)."""
+
     def verify(self, text: str, signature: Signature) -> bool:
         try:
             self._key.verify(signature.signature, text.encode("utf-8"))
         except InvalidSignature:
             return False
         return True
+
+
+def format_skey(name: str, sig_type: int, key: Ed25519PrivateKey) -> str:
+    """``PRIVATE+KEY+<name>+<hex key ID>+<base64(type || seed)>`` as x/mod/sumdb/note writes it."""
+    public = key_id(name, sig_type, raw_public(key.public_key()))
+    material = base64.b64encode(bytes([sig_type]) + key.private_bytes_raw()).decode()
+    return f"PRIVATE+KEY+{name}+{public.hex()}+{material}"
+
+
+def parse_skey(skey: str, sig_type: int) -> tuple[str, Ed25519PrivateKey]:
+    parts = skey.strip().split("+", 4)
+    if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
+        raise NoteError("a signer key is PRIVATE+KEY+<name>+<hex key id>+<base64 key>")
+    raw = b64decode(parts[4], "signer key")
+    if len(raw) != 33 or raw[0] != sig_type:
+        raise NoteError(f"signer key is not a type 0x{sig_type:02x} Ed25519 key")
+    key = Ed25519PrivateKey.from_private_bytes(raw[1:])
+    if parts[3].lower() != key_id(parts[2], sig_type, raw_public(key.public_key())).hex():
+        raise NoteError("signer key's key ID does not match its name and key")
+    return check_key_name(parts[2]), key
 
 
 class Signer:
@@ -173,23 +198,11 @@ class Signer:
 
     @property
     def skey(self) -> str:
-        """``PRIVATE+KEY+<name>+<hex key ID>+<base64(0x01 || seed)>`` as x/mod/sumdb/note writes it."""
-        seed = self._key.private_bytes_raw()
-        material = base64.b64encode(bytes([ED25519]) + seed).decode()
-        return f"PRIVATE+KEY+{self.name}+{self.key_id.hex()}+{material}"
+        return format_skey(self.name, ED25519, self._key)
 
     @classmethod
     def from_skey(cls, skey: str) -> Signer:
-        parts = skey.strip().split("+", 4)
-        if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
-            raise NoteError("a signer key is PRIVATE+KEY+<name>+<hex key id>+<base64 key>")
-        raw = b64decode(parts[4], "signer key")
-        if len(raw) != 33 or raw[0] != ED25519:
-            raise NoteError("signer key is not an Ed25519 key")
-        signer = cls(parts[2], Ed25519PrivateKey.from_private_bytes(raw[1:]))
-        if parts[3].lower() != signer.key_id.hex():
-            raise NoteError("signer key's key ID does not match its name and key")
-        return signer
+        return cls(*parse_skey(skey, ED25519))
 
     def sign_bytes(self, message: bytes) -> bytes:
         return self._key.sign(message)

@@ -23,7 +23,7 @@ from ..sqlitefile import connect, immediate
 from .checkpoint import Checkpoint
 from .cosignature import Cosigner
 from .merkle import HASH_SIZE, ProofError, verify_consistency
-from .note import COSIGNATURE_ED25519, Note, NoteError, Signature, Verifier, b64decode, check_key_name, open_note
+from .note import Note, NoteError, Signature, Verifier, b64decode, check_key_name, open_note
 
 _MAX_PROOF_LINES = 63
 
@@ -85,22 +85,6 @@ def parse_request(body: str) -> tuple[int, list[bytes], Note]:
     return int(size_text), proof, note
 
 
-def _cosigner_skey(name: str, key: Ed25519PrivateKey) -> str:
-    cosigner = Cosigner(name, key)
-    material = base64.b64encode(bytes([COSIGNATURE_ED25519]) + key.private_bytes_raw()).decode()
-    return f"PRIVATE+KEY+{name}+{cosigner.verifier.key_id.hex()}+{material}"
-
-
-def _cosigner_from_skey(text: str) -> Cosigner:
-    parts = text.strip().split("+", 4)
-    if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
-        raise WitnessError("witness key file is malformed")
-    raw = b64decode(parts[4], "witness key")
-    if len(raw) != 33 or raw[0] != COSIGNATURE_ED25519:
-        raise WitnessError("witness key is not an Ed25519 cosignature key")
-    return Cosigner(parts[2], Ed25519PrivateKey.from_private_bytes(raw[1:]))
-
-
 class Witness:
     def __init__(self, path: Path, conn: apsw.Connection, cosigner: Cosigner, clock: Clock) -> None:
         self.path = path
@@ -117,7 +101,7 @@ class Witness:
         check_key_name(name)
         if path.exists() or cls.key_path(path).exists():
             raise WitnessError(f"{path} already exists; refusing to overwrite a witness")
-        write_text_secret(cls.key_path(path), _cosigner_skey(name, Ed25519PrivateKey.generate()))
+        write_text_secret(cls.key_path(path), Cosigner(name, Ed25519PrivateKey.generate()).skey)
         conn = connect(path, create=True)
         with immediate(conn):
             conn.execute(
@@ -132,9 +116,11 @@ class Witness:
         if not path.exists():
             raise NotFoundError(f"no witness state at {path}; run `deleatur witness init`")
         try:
-            cosigner = _cosigner_from_skey(cls.key_path(path).read_text(encoding="ascii"))
+            cosigner = Cosigner.from_skey(cls.key_path(path).read_text(encoding="ascii"))
         except FileNotFoundError:
             raise WitnessError(f"witness key {cls.key_path(path)} is missing") from None
+        except NoteError as exc:
+            raise WitnessError(f"witness key {cls.key_path(path)}: {exc.message}") from None
         return cls(path, connect(path, create=False), cosigner, clock)
 
     def close(self) -> None:
