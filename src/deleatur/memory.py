@@ -24,6 +24,10 @@ from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
+from .erasure.certificate import build_certificate
+from .erasure.engine import ErasureResult, erase, finish_pending, get_request
+from .erasure.requests import ErasureRequest, RequestStatus
+from .erasure.residue import ResidueHit, scan
 from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundError, StoreError
 from .ids import IdGenerator, is_record_id
 from .log.checkpoint import Checkpoint
@@ -39,10 +43,12 @@ from .log.witness import format_request
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
+    EVERYWHERE,
     Hit,
     NewMemory,
     Record,
     Space,
+    SpaceFilter,
     Status,
     canonical_key,
     canonical_subject,
@@ -102,6 +108,11 @@ class Memory:
         self.log = TransparencyLog(
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
         )
+        # An erasure whose records were deleted but whose keys a crash kept alive
+        # is finished before anything else happens.
+        for row in backend.requests(self.tenant):
+            if row["status"] == RequestStatus.KEYS_PENDING.value:
+                finish_pending(self, ErasureRequest.from_row(row))
 
     # -- opening -----------------------------------------------------------------
 
@@ -671,6 +682,85 @@ class Memory:
             count = self._purge(rows)
         self.backend.scrub()
         return count
+
+    # -- erasure (Art. 17) ---------------------------------------------------------
+
+    def erase(
+        self,
+        subject: str,
+        *,
+        request_id: str,
+        basis: str,
+        requester: str,
+        scope: SpaceFilter = EVERYWHERE,
+        dry_run: bool = False,
+        allow_ambiguous: bool = False,
+        issue_token: bool = False,
+        confirmation: str | None = None,
+        require_confirmation: bool = False,
+    ) -> ErasureResult:
+        """Erase every record of ``subject`` (in ``scope``; all spaces by default) and
+        every record derived from them, with tombstones, and destroy the subject's key.
+
+        ``dry_run`` only reports the blast radius (and, with ``issue_token``, returns a
+        single-use confirmation token). A repeated ``request_id`` returns the earlier
+        result. See :mod:`deleatur.erasure.engine`.
+        """
+        return erase(
+            self,
+            subject=subject,
+            scope=scope,
+            request_id=request_id,
+            basis=basis,
+            requester=requester,
+            dry_run=dry_run,
+            allow_ambiguous=allow_ambiguous,
+            issue_token=issue_token,
+            confirmation=confirmation,
+            require_confirmation=require_confirmation,
+        )
+
+    def erase_all(
+        self,
+        *,
+        user_id: str,
+        request_id: str,
+        basis: str,
+        requester: str,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        dry_run: bool = False,
+        issue_token: bool = False,
+        confirmation: str | None = None,
+        require_confirmation: bool = False,
+    ) -> ErasureResult:
+        """Account deletion: every space of ``user_id`` (or one, with agent/run), and no other user's."""
+        return erase(
+            self,
+            subject=None,
+            scope=SpaceFilter(user_id, agent_id, run_id),
+            request_id=request_id,
+            basis=basis,
+            requester=requester,
+            dry_run=dry_run,
+            issue_token=issue_token,
+            confirmation=confirmation,
+            require_confirmation=require_confirmation,
+        )
+
+    def certificate(self, request_id: str) -> dict[str, Any]:
+        """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
+        return build_certificate(self, request_id)
+
+    def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:
+        """Live records not tagged with ``subject`` that mention one of its identifiers."""
+        return scan(self, subject, builtins.list(identifiers))
+
+    def erasure_request(self, request_id: str) -> ErasureRequest:
+        return get_request(self, request_id)
+
+    def erasure_requests(self) -> builtins.list[ErasureRequest]:
+        return [ErasureRequest.from_row(row) for row in self.backend.requests(self.tenant)]
 
     # -- reading -----------------------------------------------------------------
 

@@ -216,3 +216,38 @@ class Hit:
 
 #: The space of a caller that names none: user "default", no agent, no run.
 DEFAULT_SPACE = Space()
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceFilter:
+    """Which spaces an erasure reaches: a part left ``None`` matches any value."""
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.user_id is not None:
+            _check_name(self.user_id, "user_id", allow_empty=False)
+        for name in ("agent_id", "run_id"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_name(value, name, allow_empty=True)
+
+    def matches(self, space: Space) -> bool:
+        return (
+            (self.user_id is None or self.user_id == space.user_id)
+            and (self.agent_id is None or self.agent_id == space.agent_id)
+            and (self.run_id is None or self.run_id == space.run_id)
+        )
+
+    @property
+    def everywhere(self) -> bool:
+        return self.user_id is None and self.agent_id is None and self.run_id is None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"user_id": self.user_id, "agent_id": self.agent_id, "run_id": self.run_id}
+
+
+#: An erasure scope that reaches every space of the tenant.
+EVERYWHERE = SpaceFilter()

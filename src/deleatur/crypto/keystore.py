@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 from collections import OrderedDict
+from collections.abc import Iterable
 from hashlib import sha256
 from pathlib import Path
 
@@ -195,13 +196,47 @@ class KeyStore:
         assert isinstance(subject_ref, bytes) and isinstance(wrapped, bytes)
         return self._unwrap(key_id, str(tenant), subject_ref, wrapped)
 
-    def destroy(self, tenant: str, subject_ref: bytes) -> int:
-        """Crypto-shred one subject: delete its data key and leave no copy in the -wal."""
+    def has_key(self, tenant: str, subject_ref: bytes) -> bool:
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+            ).fetchone()
+            is not None
+        )
+
+    def pseudonym(self, tenant: str, subject_ref: bytes, value: str) -> str | None:
+        """A keyed pseudonym of ``value`` under a key derived from the subject's data key.
+
+        Once that data key is destroyed nobody, the operator included, can recompute
+        the pseudonym, so it can be neither reversed nor confirmed by guessing.
+        """
+        row = self._conn.execute(
+            "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ).fetchone()
+        if row is None:
+            return None
+        key_id, wrapped = bytes(row[0]), bytes(row[1])
+        try:
+            raw = self._wrap.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], self._aad(key_id, tenant, subject_ref))
+        except InvalidTag:
+            raise MasterKeyError("a data key failed authentication: the key store was altered") from None
+        secret = _hkdf(raw, b"deleatur/v1/pseudonym")
+        return "psn:" + hmac.new(secret, value.encode("utf-8"), sha256).hexdigest()[:32]
+
+    def destroy(self, tenant: str, subject_refs: Iterable[bytes]) -> int:
+        """Crypto-shred subjects: delete their data keys and leave no copy in the -wal."""
+        refs = list(subject_refs)
+        if not refs:
+            return 0
         with immediate(self._conn):
-            rows = self._conn.execute(
-                "DELETE FROM data_keys WHERE tenant = ? AND subject_ref = ? RETURNING key_id", (tenant, subject_ref)
-            ).fetchall()
-        for (key_id,) in rows:
+            rows = [
+                key_id
+                for ref in refs
+                for (key_id,) in self._conn.execute(
+                    "DELETE FROM data_keys WHERE tenant = ? AND subject_ref = ? RETURNING key_id", (tenant, ref)
+                )
+            ]
+        for key_id in rows:
             assert isinstance(key_id, bytes)
             self._by_id.pop(key_id, None)
         scrub(self._conn)

@@ -32,6 +32,10 @@ class EventType(enum.StrEnum):
     RETIRE = "retire"
     RECTIFY = "rectify"
     KEY = "key"
+    #: One per erased record: record id, request id, legal basis, time. Nothing else.
+    TOMBSTONE = "tombstone"
+    #: The erasure request itself: request id, basis, counts.
+    ERASURE = "erasure"
 
 
 def commitment(nonce: bytes, key: str | None, text: str) -> bytes:

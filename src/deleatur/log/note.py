@@ -151,16 +151,19 @@ class PublicKey:
     def matches(self, signature: Signature) -> bool:
         return signature.name == self.name and signature.key_id == self.key_id
 
+    def verify_bytes(self, message: bytes, signature: bytes) -> bool:
+        try:
+            self._key.verify(signature, message)
+        except InvalidSignature:
+            return False
+        return True
+
 
 class Verifier(PublicKey):
     """A trusted Ed25519 note key (signature type 0x01)."""
 
     def verify(self, text: str, signature: Signature) -> bool:
-        try:
-            self._key.verify(signature.signature, text.encode("utf-8"))
-        except InvalidSignature:
-            return False
-        return True
+        return self.verify_bytes(text.encode("utf-8"), signature.signature)
 
 
 def format_skey(name: str, sig_type: int, key: Ed25519PrivateKey) -> str:

@@ -20,9 +20,6 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterable, Iterator
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .merkle import CompactRange, ProofError, leaf_hash, verify_consistency
@@ -48,10 +45,10 @@ def _key_events(entry: Entry, index: int, keys: list[tuple[int, Verifier]]) -> s
         if entry.fields.get("previous") != previous.vkey or not isinstance(endorsement, str):
             return f"key entry {index} is not endorsed by the key it replaces"
         try:
-            Ed25519PublicKey.from_public_bytes(previous.public_key).verify(
-                base64.b64decode(endorsement), rotation_message(vkey)
-            )
-        except (InvalidSignature, ValueError):
+            endorsed = previous.verify_bytes(rotation_message(vkey), base64.b64decode(endorsement, validate=True))
+        except ValueError:
+            endorsed = False
+        if not endorsed:
             return f"key entry {index}: the endorsement by the previous key does not verify"
     keys.append((index, new))
     return None

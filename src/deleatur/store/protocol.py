@@ -7,13 +7,13 @@ supersession rules) lives above it, in :mod:`deleatur.memory`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..model import Space, Status
+from ..model import Space, SpaceFilter, Status
 
 #: A complete subtree of the log: (level, index, hash).
 Node = tuple[int, int, bytes]
@@ -78,6 +78,30 @@ class Backend(Protocol):
     def select(self, where: RowFilter) -> Iterator[StoredRow]: ...
 
     def history(self, tenant: str, space: Space, key_ref: bytes) -> list[StoredRow]: ...
+
+    # -- erasure ----------------------------------------------------------------
+
+    def select_any(self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None) -> Iterator[StoredRow]:
+        """Rows of every status in the spaces ``where`` matches (optionally of one subject)."""
+        ...
+
+    def children(self, tenant: str, parents: Iterable[str]) -> set[str]:
+        """Ids of records that declare any of ``parents`` in their lineage."""
+        ...
+
+    def rows(self, tenant: str, ids: Iterable[str]) -> list[StoredRow]: ...
+
+    def count_subject(self, tenant: str, subject_ref: bytes) -> int: ...
+
+    def put_request(self, row: Mapping[str, Any]) -> None: ...
+
+    def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None: ...
+
+    def requests(self, tenant: str) -> list[dict[str, Any]]: ...
+
+    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None: ...
+
+    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, now: int) -> str | None: ...
 
     def purge(self, record_ids: Iterable[str]) -> int:
         """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows first)."""

@@ -73,8 +73,44 @@ def _v2(conn: apsw.Connection) -> None:
         conn.execute(sql).fetchall()
 
 
+def _v3(conn: apsw.Connection) -> None:
+    """Erasure requests (Art. 17) and the single-use confirmation tokens of dry runs."""
+    statements = [
+        # The subject appears only as a pseudonym keyed by its (soon destroyed) data key,
+        # and as the blind index the absence check needs (see README, "Erasure").
+        """CREATE TABLE erasure_requests(
+            tenant TEXT NOT NULL,
+            id TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('subject', 'account')),
+            subject_pseudonym TEXT,
+            subject_ref BLOB,
+            scope TEXT NOT NULL,
+            basis TEXT NOT NULL,
+            requester TEXT NOT NULL,
+            received_at INTEGER NOT NULL,
+            completed_at INTEGER,
+            status TEXT NOT NULL,
+            error TEXT,
+            counts TEXT NOT NULL,
+            record_ids TEXT NOT NULL,
+            tombstones TEXT NOT NULL,
+            pending_keys TEXT NOT NULL,
+            PRIMARY KEY (tenant, id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE erasure_confirmations(
+            token_hash BLOB PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            plan_digest BLOB NOT NULL,
+            expires_at INTEGER NOT NULL,
+            used_at INTEGER
+        ) WITHOUT ROWID""",
+    ]
+    for sql in statements:
+        conn.execute(sql).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -4,7 +4,7 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ import apsw
 
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
-from ..model import Space, Status
+from ..model import Space, SpaceFilter, Status
 from ..sqlitefile import connect, immediate, scrub, sidecar_files
 from .protocol import Node, RowFilter, StoredRow
 from .schema import prepare
@@ -24,6 +24,24 @@ _COLUMNS = (
 )
 _R_COLUMNS = ", ".join("r." + c.strip() for c in _COLUMNS.split(","))
 _LINEAGE = "(SELECT group_concat(parent, ' ') FROM lineage WHERE child = r.id)"
+_REQUEST_COLUMNS = (
+    "tenant",
+    "id",
+    "kind",
+    "subject_pseudonym",
+    "subject_ref",
+    "scope",
+    "basis",
+    "requester",
+    "received_at",
+    "completed_at",
+    "status",
+    "error",
+    "counts",
+    "record_ids",
+    "tombstones",
+    "pending_keys",
+)
 _LEVEL_SHIFT = 50
 _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
 _SPACE = "r.tenant = ? AND r.user_id = ? AND r.agent_id = ? AND r.run_id = ?"
@@ -186,6 +204,99 @@ class SQLiteBackend:
                 (*_space_args(tenant, space), key_ref),
             )
         ]
+
+    def select_any(self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None) -> Iterator[StoredRow]:
+        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ?"
+        args: list[Any] = [tenant]
+        if subject_ref is not None:
+            sql += " AND r.subject_ref = ?"
+            args.append(subject_ref)
+        for column in ("user_id", "agent_id", "run_id"):
+            value = getattr(where, column)
+            if value is not None:
+                sql += f" AND r.{column} = ?"
+                args.append(value)
+        for values in self._conn.execute(sql + " ORDER BY r.id", args):
+            yield _row(values)
+
+    def children(self, tenant: str, parents: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        wanted = list(parents)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            rows = self._conn.execute(
+                f"SELECT l.child FROM lineage l JOIN records r ON r.id = l.child"
+                f" WHERE r.tenant = ? AND l.parent IN ({', '.join('?' * len(chunk))})",
+                (tenant, *chunk),
+            )
+            found.update(str(child) for (child,) in rows)
+        return found
+
+    def rows(self, tenant: str, ids: Iterable[str]) -> list[StoredRow]:
+        out: list[StoredRow] = []
+        wanted = list(dict.fromkeys(ids))
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            out += [
+                _row(v)
+                for v in self._conn.execute(
+                    f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r"
+                    f" WHERE r.tenant = ? AND r.id IN ({', '.join('?' * len(chunk))}) ORDER BY r.id",
+                    (tenant, *chunk),
+                )
+            ]
+        return out
+
+    def count_subject(self, tenant: str, subject_ref: bytes) -> int:
+        for (value,) in self._conn.execute(
+            "SELECT count(*) FROM records WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ):
+            return int(value)
+        return 0
+
+    def put_request(self, row: Mapping[str, Any]) -> None:
+        columns = ", ".join(row)
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO erasure_requests({columns}) VALUES ({', '.join('?' * len(row))})",
+            tuple(row.values()),
+        )
+
+    def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE tenant = ? AND id = ?",
+            (tenant, request_id),
+        ).fetchone()
+        return None if row is None else dict(zip(_REQUEST_COLUMNS, row, strict=True))
+
+    def requests(self, tenant: str) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE tenant = ? ORDER BY received_at, id",
+            (tenant,),
+        )
+        return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in rows]
+
+    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None:
+        self._conn.execute(
+            "INSERT INTO erasure_confirmations(token_hash, tenant, plan_digest, expires_at) VALUES (?, ?, ?, ?)",
+            (token_hash, tenant, digest, expires_at),
+        )
+
+    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, now: int) -> str | None:
+        """Spend a token; returns why it is refused, or None."""
+        row = self._conn.execute(
+            "SELECT plan_digest, expires_at, used_at FROM erasure_confirmations WHERE token_hash = ? AND tenant = ?",
+            (token_hash, tenant),
+        ).fetchone()
+        if row is None:
+            return "unknown confirmation token"
+        if row[2] is not None:
+            return "confirmation token already used"
+        if int(row[1]) < now:
+            return "confirmation token expired"
+        if bytes(row[0]) != digest:
+            return "confirmation token was issued for a different erasure (the blast radius changed)"
+        self._conn.execute("UPDATE erasure_confirmations SET used_at = ? WHERE token_hash = ?", (now, token_hash))
+        return None
 
     def purge(self, record_ids: Iterable[str]) -> int:
         count = 0

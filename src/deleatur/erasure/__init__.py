@@ -1,0 +1,1 @@
+"""Erasure by subject or account (Art. 17): plan, execute, certify, verify."""

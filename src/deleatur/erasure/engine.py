@@ -1,0 +1,226 @@
+"""Carrying out an erasure: one transaction for the records, index terms,
+tombstones and request; then the subject's data key is destroyed.
+
+The record store and the key store are two SQLite files, and SQLite commits a
+WAL transaction across attached files atomically per file only. So the request
+is committed as ``keys_pending`` with the keys to destroy, in the same
+transaction that deletes the records; the keys are destroyed right after, and
+a store opened later finishes any request left pending by a crash. Either
+nothing is erased, or the records are gone and the keys follow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ..errors import DeleaturError, InvalidInputError, NotFoundError
+from ..log.entries import Entry, EventType
+from ..model import SpaceFilter, canonical_subject
+from .plan import ErasurePlan, build_plan
+from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+TOKEN_LIFETIME_US = 15 * 60 * 1_000_000
+
+
+class AmbiguousSubjectError(InvalidInputError):
+    """The subject's canonical form covers several original spellings."""
+
+
+class ConfirmationRequiredError(InvalidInputError):
+    """An agent must present the single-use token its dry run returned."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    request: ErasureRequest | None  # None for a dry run
+    plan: ErasurePlan | None  # None when an earlier result is returned for a repeated id
+    token: str | None = None
+    repeated: bool = False
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(b"deleatur/erasure-confirmation/v1\n" + token.encode()).digest()
+
+
+def _scope_pseudonyms(scope: SpaceFilter) -> SpaceFilter:
+    """Keep the shape of the scope but not the ids: a one-time key, discarded at once."""
+    key = secrets.token_bytes(32)
+
+    def psn(value: str | None) -> str | None:
+        return None if value is None else "psn:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+    return SpaceFilter(psn(scope.user_id), psn(scope.agent_id), psn(scope.run_id))
+
+
+def get_request(memory: Memory, request_id: str) -> ErasureRequest:
+    row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
+    if row is None:
+        raise NotFoundError(f"no erasure request {request_id}", request_id=request_id)
+    return ErasureRequest.from_row(row)
+
+
+def finish_pending(memory: Memory, request: ErasureRequest) -> ErasureRequest:
+    """Destroy the keys a committed erasure left pending, then mark it complete."""
+    if request.status is not RequestStatus.KEYS_PENDING:
+        return request
+    destroyed = memory.keys.destroy(memory.tenant, request.pending_keys)
+    counts = {**request.counts, "keys_destroyed": request.counts.get("keys_destroyed", 0) + destroyed}
+    done = replace(request, status=RequestStatus.COMPLETE, completed_at=memory._clock(), counts=counts, pending_keys=())
+    with memory.backend.atomic():
+        memory.backend.put_request(done.to_row())
+    return done
+
+
+def erase(
+    memory: Memory,
+    *,
+    subject: str | None,
+    scope: SpaceFilter,
+    request_id: str,
+    basis: str,
+    requester: str,
+    dry_run: bool = False,
+    allow_ambiguous: bool = False,
+    issue_token: bool = False,
+    confirmation: str | None = None,
+    require_confirmation: bool = False,
+) -> ErasureResult:
+    check_request_id(request_id)
+    if not basis or not basis.strip():
+        raise InvalidInputError("an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'", request_id=request_id)
+    if not requester or not requester.strip():
+        raise InvalidInputError("an erasure needs a requester", request_id=request_id)
+    canonical = None if subject is None else canonical_subject(subject)
+    if canonical is None and scope.user_id is None:
+        # A peer's delete_all with no filter wiped every user: never here.
+        raise InvalidInputError("an account erasure needs a user id", request_id=request_id)
+
+    if dry_run:
+        plan = build_plan(memory, subject=canonical, scope=scope)
+        token = None
+        if issue_token:
+            token = secrets.token_urlsafe(24)
+            with memory.backend.atomic():
+                memory.backend.put_confirmation(
+                    _token_hash(token), memory.tenant, plan.digest, memory._clock() + TOKEN_LIFETIME_US
+                )
+        return ErasureResult(None, plan, token)
+
+    existing = memory.backend.get_request(memory.tenant, request_id)
+    if existing is not None:
+        earlier = ErasureRequest.from_row(existing)
+        if earlier.status is not RequestStatus.FAILED:
+            return ErasureResult(finish_pending(memory, earlier), None, repeated=True)
+
+    received = memory._clock()
+    kind = RequestKind.SUBJECT if canonical is not None else RequestKind.ACCOUNT
+    try:
+        with memory._logged() as events:
+            plan = build_plan(memory, subject=canonical, scope=scope)
+            if plan.ambiguous and not allow_ambiguous:
+                raise AmbiguousSubjectError(
+                    f"subject matches {len(plan.spellings)} different original spellings; "
+                    "check the dry run, then pass allow_ambiguous (--allow-ambiguous)",
+                    request_id=request_id,
+                )
+            if require_confirmation or confirmation is not None:
+                if confirmation is None:
+                    raise ConfirmationRequiredError(
+                        "this caller must confirm: run a dry run with a token and present it", request_id=request_id
+                    )
+                problem = memory.backend.use_confirmation(
+                    _token_hash(confirmation), memory.tenant, plan.digest, memory._clock()
+                )
+                if problem is not None:
+                    raise InvalidInputError(problem, request_id=request_id)
+            subject_ref = None if canonical is None else memory._subject_ref(canonical)
+            destroy = set(plan.destroy_keys)
+            if subject_ref is not None and scope.everywhere and memory.keys.has_key(memory.tenant, subject_ref):
+                destroy.add(subject_ref)  # a key left with no records goes too
+            pseudonym = None
+            if subject_ref is not None and canonical is not None:
+                pseudonym = memory.keys.pseudonym(memory.tenant, subject_ref, canonical)
+            memory._purge(memory.backend.rows(memory.tenant, plan.ids))
+            now = memory._clock()
+            first = memory.backend.log_size()
+            fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
+            events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
+            counts = {
+                "records": plan.total,
+                "direct": len(plan.direct),
+                "lineage": len(plan.lineage),
+                "keys_to_destroy": len(destroy),
+                "subjects": plan.subjects,
+                "kept_in_other_spaces": plan.kept_elsewhere,
+                "derived_outside_scope": plan.outside_lineage,
+            }
+            events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
+            request = ErasureRequest(
+                id=request_id,
+                tenant=memory.tenant,
+                kind=kind,
+                subject_pseudonym=pseudonym,
+                subject_ref=subject_ref,
+                scope=_scope_pseudonyms(scope),
+                basis=basis,
+                requester=requester,
+                received_at=received,
+                completed_at=None,
+                status=RequestStatus.KEYS_PENDING,
+                error=None,
+                counts=counts,
+                record_ids=tuple(plan.ids),
+                tombstones=tuple(range(first, first + plan.total)),
+                pending_keys=tuple(sorted(destroy)),
+            )
+            memory.backend.put_request(request.to_row())
+    except DeleaturError as exc:
+        _record_failure(
+            memory,
+            request_id=request_id,
+            kind=kind,
+            scope=scope,
+            basis=basis,
+            requester=requester,
+            received=received,
+            exc=exc,
+        )
+        raise
+    memory.backend.scrub()
+    return ErasureResult(finish_pending(memory, request), plan)
+
+
+def _record_failure(
+    memory: Memory,
+    *,
+    request_id: str,
+    kind: RequestKind,
+    scope: SpaceFilter,
+    basis: str,
+    requester: str,
+    received: int,
+    exc: DeleaturError,
+) -> None:
+    failed = ErasureRequest(
+        id=request_id,
+        tenant=memory.tenant,
+        kind=kind,
+        subject_pseudonym=None,
+        subject_ref=None,
+        scope=_scope_pseudonyms(scope),
+        basis=basis,
+        requester=requester,
+        received_at=received,
+        completed_at=None,
+        status=RequestStatus.FAILED,
+        error=exc.message,
+    )
+    with memory.backend.atomic():
+        memory.backend.put_request(failed.to_row())

@@ -1,0 +1,151 @@
+"""The blast radius of an erasure, computed before anything is deleted (the dry run)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..model import SpaceFilter, Status
+from ..store.protocol import StoredRow
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+RESIDUE_HINT = (
+    "records about the subject written under another subject, or with no subject tag, are not reached: "
+    "run `deleatur residue SUBJECT --identifier ...` to find them"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRecord:
+    id: str
+    user_id: str
+    agent_id: str
+    run_id: str
+    status: Status
+    via: str  # "direct" or "lineage"
+    subject: str  # the record's own subject (original spelling)
+
+
+@dataclass(frozen=True, slots=True)
+class ErasurePlan:
+    subject: str | None  # canonical subject; None for an account erasure
+    scope: SpaceFilter
+    direct: tuple[PlannedRecord, ...]
+    lineage: tuple[PlannedRecord, ...]
+    other_subjects: tuple[str, ...]
+    spellings: tuple[str, ...]
+    destroy_keys: tuple[bytes, ...]  # subject refs whose every record is erased
+    subjects: int  # distinct subjects among the erased records
+    kept_elsewhere: int  # the subject's records outside the scope (its key is kept)
+    outside_lineage: int  # derived records outside the scope, not erased
+    digest: bytes
+
+    @property
+    def ambiguous(self) -> bool:
+        return len(self.spellings) > 1
+
+    @property
+    def total(self) -> int:
+        return len(self.direct) + len(self.lineage)
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in (*self.direct, *self.lineage)]
+
+    def per_space(self) -> dict[str, int]:
+        counts = Counter(f"{r.user_id}/{r.agent_id}/{r.run_id}" for r in (*self.direct, *self.lineage))
+        return dict(sorted(counts.items()))
+
+    def to_json(self) -> dict[str, Any]:
+        def rows(items: tuple[PlannedRecord, ...]) -> list[dict[str, Any]]:
+            return [
+                {
+                    "id": r.id,
+                    "user_id": r.user_id,
+                    "agent_id": r.agent_id,
+                    "run_id": r.run_id,
+                    "status": r.status.value,
+                    "subject": r.subject,
+                }
+                for r in items
+            ]
+
+        return {
+            "scope": self.scope.to_json(),
+            "total": self.total,
+            "direct": rows(self.direct),
+            "lineage": rows(self.lineage),
+            "other_subjects": list(self.other_subjects),
+            "spellings": list(self.spellings),
+            "ambiguous": self.ambiguous,
+            "per_space": self.per_space(),
+            "keys_destroyed": len(self.destroy_keys),
+            "kept_in_other_spaces": self.kept_elsewhere,
+            "derived_outside_scope": self.outside_lineage,
+            "note": RESIDUE_HINT,
+        }
+
+
+def _closure(memory: Memory, seeds: list[StoredRow], scope: SpaceFilter) -> tuple[list[StoredRow], int]:
+    """Every record reached from ``seeds`` through declared lineage, transitively,
+    within the scope; and how many derived records lie outside it."""
+    seen = {r.id for r in seeds}
+    found: list[StoredRow] = []
+    outside = 0
+    frontier = list(seen)
+    while frontier:
+        children = memory.backend.children(memory.tenant, frontier) - seen
+        frontier = []
+        for row in memory.backend.rows(memory.tenant, children):
+            seen.add(row.id)
+            if scope.matches(row.space):
+                found.append(row)
+                frontier.append(row.id)
+            else:
+                outside += 1
+    return found, outside
+
+
+def build_plan(memory: Memory, *, subject: str | None, scope: SpaceFilter) -> ErasurePlan:
+    """What an erasure of ``subject`` (or, with ``subject=None``, of every record in
+    ``scope``) would remove. Reads only; decrypts to name spellings and subjects."""
+    subject_ref = None if subject is None else memory._subject_ref(subject)
+    direct_rows = list(memory.backend.select_any(memory.tenant, scope, subject_ref=subject_ref))
+    lineage_rows, outside = _closure(memory, direct_rows, scope)
+    decrypted = {row.id: memory._decrypt(row) for row in (*direct_rows, *lineage_rows)}
+
+    def planned(row: StoredRow, via: str) -> PlannedRecord:
+        record = decrypted[row.id]
+        sp = row.space
+        return PlannedRecord(row.id, sp.user_id, sp.agent_id, sp.run_id, row.status, via, record.subject_original)
+
+    direct = tuple(planned(r, "direct") for r in direct_rows)
+    lineage = tuple(planned(r, "lineage") for r in lineage_rows)
+    others = sorted({decrypted[r.id].subject for r in lineage_rows if decrypted[r.id].subject != subject})
+    spellings = tuple(sorted({decrypted[r.id].subject_original for r in direct_rows})) if subject else ()
+
+    erased_by_ref = Counter(r.subject_ref for r in (*direct_rows, *lineage_rows))
+    destroy = tuple(
+        sorted(ref for ref, n in erased_by_ref.items() if memory.backend.count_subject(memory.tenant, ref) == n)
+    )
+    kept = 0 if subject_ref is None else memory.backend.count_subject(memory.tenant, subject_ref) - len(direct_rows)
+    digest = hashlib.sha256(
+        "\n".join([subject or "", repr(scope.to_json()), *sorted(decrypted), *(k.hex() for k in destroy)]).encode()
+    ).digest()
+    return ErasurePlan(
+        subject=subject,
+        scope=scope,
+        direct=direct,
+        lineage=lineage,
+        other_subjects=tuple(others),
+        spellings=spellings,
+        destroy_keys=destroy,
+        subjects=len(erased_by_ref),
+        kept_elsewhere=kept,
+        outside_lineage=outside,
+        digest=digest,
+    )

@@ -1,0 +1,135 @@
+"""Erasure requests as first-class records, with their Art. 12(3) deadline."""
+
+from __future__ import annotations
+
+import calendar
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..clock import from_datetime, isoformat, to_datetime
+from ..errors import InvalidInputError
+from ..model import SpaceFilter
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+class RequestStatus(enum.StrEnum):
+    #: Records, index terms and tombstones committed; subject keys not yet destroyed.
+    KEYS_PENDING = "keys_pending"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class RequestKind(enum.StrEnum):
+    SUBJECT = "subject"
+    ACCOUNT = "account"
+
+
+def check_request_id(value: str) -> str:
+    if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
+        raise InvalidInputError(
+            "request id must be 1-64 characters of letters, digits and . _ : - (starting with a letter or digit)"
+        )
+    return value
+
+
+def one_month_after(micros: int) -> int:
+    """Art. 12(3): one month from receipt, the same day of the next month (or its last day)."""
+    start = to_datetime(micros)
+    year, month = (start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1)
+    day = min(start.day, calendar.monthrange(year, month)[1])
+    return from_datetime(datetime(year, month, day, start.hour, start.minute, start.second, tzinfo=start.tzinfo))
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureRequest:
+    id: str
+    tenant: str
+    kind: RequestKind
+    subject_pseudonym: str | None
+    subject_ref: bytes | None
+    scope: SpaceFilter
+    basis: str
+    requester: str
+    received_at: int
+    completed_at: int | None
+    status: RequestStatus
+    error: str | None
+    counts: dict[str, int] = field(default_factory=dict)
+    record_ids: tuple[str, ...] = ()
+    tombstones: tuple[int, ...] = ()
+    pending_keys: tuple[bytes, ...] = ()
+
+    @property
+    def deadline(self) -> int:
+        return one_month_after(self.received_at)
+
+    def deadline_met(self, now: int) -> bool | None:
+        """True or False once decided; None while open and not yet late."""
+        if self.completed_at is not None and self.status is RequestStatus.COMPLETE:
+            return self.completed_at <= self.deadline
+        return False if now > self.deadline else None
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "id": self.id,
+            "kind": self.kind.value,
+            "subject_pseudonym": self.subject_pseudonym,
+            "subject_ref": self.subject_ref,
+            "scope": json.dumps(self.scope.to_json(), sort_keys=True),
+            "basis": self.basis,
+            "requester": self.requester,
+            "received_at": self.received_at,
+            "completed_at": self.completed_at,
+            "status": self.status.value,
+            "error": self.error,
+            "counts": json.dumps(self.counts, sort_keys=True),
+            "record_ids": json.dumps(list(self.record_ids)),
+            "tombstones": json.dumps(list(self.tombstones)),
+            "pending_keys": json.dumps([k.hex() for k in self.pending_keys]),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ErasureRequest:
+        return cls(
+            id=row["id"],
+            tenant=row["tenant"],
+            kind=RequestKind(row["kind"]),
+            subject_pseudonym=row["subject_pseudonym"],
+            subject_ref=None if row["subject_ref"] is None else bytes(row["subject_ref"]),
+            scope=SpaceFilter(**json.loads(row["scope"])),
+            basis=row["basis"],
+            requester=row["requester"],
+            received_at=int(row["received_at"]),
+            completed_at=None if row["completed_at"] is None else int(row["completed_at"]),
+            status=RequestStatus(row["status"]),
+            error=row["error"],
+            counts={str(k): int(v) for k, v in json.loads(row["counts"]).items()},
+            record_ids=tuple(json.loads(row["record_ids"])),
+            tombstones=tuple(int(i) for i in json.loads(row["tombstones"])),
+            pending_keys=tuple(bytes.fromhex(k) for k in json.loads(row["pending_keys"])),
+        )
+
+    def to_json(self, now: int) -> dict[str, Any]:
+        """The request as `deleatur requests` shows it: no subject name, only its pseudonym."""
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "subject": self.subject_pseudonym,
+            "scope": self.scope.to_json(),
+            "basis": self.basis,
+            "requester": self.requester,
+            "received_at": isoformat(self.received_at),
+            "completed_at": None if self.completed_at is None else isoformat(self.completed_at),
+            "deadline": isoformat(self.deadline),
+            "deadline_met": self.deadline_met(now),
+            "status": self.status.value,
+            "error": self.error,
+            "counts": self.counts,
+            "tombstones": list(self.tombstones),
+        }

@@ -1,0 +1,86 @@
+"""A read-only view of a store's files, for verifiers that hold no key at all.
+
+It opens the database and the key store read-only and answers only what an
+erasure certificate's absence and log checks ask. It needs neither the master
+key nor the signing key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import apsw
+
+from ..errors import NotADeleaturStoreError, NotFoundError
+from .schema import APPLICATION_ID
+
+_LEVEL_SHIFT = 50
+
+
+def _readonly(path: Path) -> apsw.Connection:
+    if not path.exists():
+        raise NotFoundError(f"no store file at {path}")
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        conn.execute("PRAGMA schema_version").fetchall()
+    except (apsw.NotADBError, apsw.CantOpenError):
+        raise NotADeleaturStoreError(f"{path} is not a deleatur store") from None
+    return conn
+
+
+class StoreEvidence:
+    def __init__(self, store: Path) -> None:
+        self._db = _readonly(store)
+        if self._db.execute("PRAGMA application_id").fetchall()[0][0] != APPLICATION_ID:
+            self._db.close()
+            raise NotADeleaturStoreError(f"{store} is not a deleatur store")
+        self._keys = _readonly(store.with_name(store.name + ".keys"))
+        meta = {str(k): str(v) for k, v in self._db.execute("SELECT k, v FROM meta")}
+        self.store_id = meta["store_id"]
+
+    def close(self) -> None:
+        self._db.close()
+        self._keys.close()
+
+    def log_size(self) -> int:
+        for (value,) in self._db.execute("SELECT coalesce(max(idx) + 1, 0) FROM log_entries"):
+            return int(value)
+        return 0
+
+    def log_entry(self, index: int) -> bytes | None:
+        row = self._db.execute("SELECT entry FROM log_entries WHERE idx = ?", (index,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def log_node(self, level: int, index: int) -> bytes:
+        row = self._db.execute("SELECT hash FROM log_nodes WHERE pos = ?", (level << _LEVEL_SHIFT | index,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"the store's log has no subtree {level}/{index}")
+        return bytes(row[0])
+
+    def live_ids(self, tenant: str, ids: Iterable[str]) -> list[str]:
+        found: list[str] = []
+        wanted = list(ids)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            found += [
+                str(r[0])
+                for r in self._db.execute(
+                    f"SELECT id FROM records WHERE tenant = ? AND id IN ({', '.join('?' * len(chunk))})",
+                    (tenant, *chunk),
+                )
+            ]
+        return found
+
+    def live_subject_rows(self, tenant: str, subject_ref: bytes) -> int:
+        for (value,) in self._db.execute(
+            "SELECT count(*) FROM records WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ):
+            return int(value)
+        return 0
+
+    def has_key(self, tenant: str, subject_ref: bytes) -> bool:
+        row = self._keys.execute(
+            "SELECT 1 FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ).fetchone()
+        return row is not None
