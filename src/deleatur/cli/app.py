@@ -21,6 +21,7 @@ from ..crypto.master import default_key_file, from_environment
 from ..errors import DeleaturError, InvalidInputError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
+from . import erasure as _erasure_commands  # noqa: F401  (registers the erasure commands)
 from .common import (
     AgentOpt,
     JsonOpt,

@@ -15,6 +15,8 @@ from rich.console import Console
 
 from ..crypto.master import from_environment
 from ..errors import InvalidInputError
+from ..log.note import NoteError, Verifier, parse_verifier
+from ..log.report import Report
 from ..memory import Memory
 
 app = typer.Typer(
@@ -111,3 +113,20 @@ def write_output(path: Path | None, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def pin_key(value: str, name: str) -> Verifier:
+    try:
+        return parse_verifier(value, name)
+    except NoteError as exc:
+        raise InvalidInputError(f"--expected-pubkey: {exc.message}") from None
+
+
+def print_report(report: Report, as_json: bool) -> None:
+    if as_json:
+        emit(report.to_json())
+    else:
+        for line in report.lines():
+            out.print(line, markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)

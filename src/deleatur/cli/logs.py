@@ -11,12 +11,24 @@ import typer
 from ..errors import InvalidInputError
 from ..log.checkpoint import Checkpoint
 from ..log.cosignature import CosignatureVerifier
-from ..log.note import Note, NoteError, Verifier, parse_verifier
+from ..log.note import Note, NoteError
 from ..log.receipt import Receipt, verify_receipt
-from ..log.report import Report
 from ..log.witness import Witness
 from ..model import Space
-from .common import AgentOpt, JsonOpt, RunOpt, UserOpt, app, emit, open_memory, out, read_input, write_output
+from .common import (
+    AgentOpt,
+    JsonOpt,
+    RunOpt,
+    UserOpt,
+    app,
+    emit,
+    open_memory,
+    out,
+    pin_key,
+    print_report,
+    read_input,
+    write_output,
+)
 
 keys_app = typer.Typer(help="The store's Ed25519 signing key.", no_args_is_help=True)
 log_app = typer.Typer(help="The store's transparency log.", no_args_is_help=True)
@@ -34,23 +46,6 @@ def _note(text: str, what: str) -> Note:
         return Note.parse(text)
     except NoteError as exc:
         raise InvalidInputError(f"{what}: {exc.message}") from None
-
-
-def _pin(value: str, name: str) -> Verifier:
-    try:
-        return parse_verifier(value, name)
-    except NoteError as exc:
-        raise InvalidInputError(f"--expected-pubkey: {exc.message}") from None
-
-
-def _print_report(report: Report, as_json: bool) -> None:
-    if as_json:
-        emit(report.to_json())
-    else:
-        for line in report.lines():
-            out.print(line, markup=False, highlight=False)
-    if not report.ok:
-        raise typer.Exit(1)
 
 
 @keys_app.command("new")
@@ -167,9 +162,9 @@ def log_verify(
     """Re-derive the whole tree from the entries and check every checkpoint."""
     pinned_checkpoint = None if expected_checkpoint is None else _note(read_input(expected_checkpoint), "checkpoint")
     with open_memory() as memory:
-        pinned = None if expected_pubkey is None else [_pin(expected_pubkey, memory.log.origin)]
+        pinned = None if expected_pubkey is None else [pin_key(expected_pubkey, memory.log.origin)]
         report = memory.verify_log(pinned_keys=pinned, pinned_checkpoint=pinned_checkpoint)
-    _print_report(report, as_json)
+    print_report(report, as_json)
 
 
 @log_app.command("entries")
@@ -212,11 +207,11 @@ def verify_receipt_command(
     except NoteError as exc:
         raise InvalidInputError(f"{receipt_file}: {exc.message}") from None
     if key is not None:
-        report = verify_receipt(parsed, [_pin(key, origin)], pinned=True)
+        report = verify_receipt(parsed, [pin_key(key, origin)], pinned=True)
     else:
         with open_memory() as memory:
             report = verify_receipt(parsed, memory.log.verifiers(), pinned=False)
-    _print_report(report, as_json)
+    print_report(report, as_json)
 
 
 WitnessOpt = Annotated[Path, typer.Option("--state", envvar="DELEATUR_WITNESS", help="The witness state file.")]
@@ -235,7 +230,7 @@ def witness_add_log(state: WitnessOpt, vkey: str) -> None:
     """Trust a log's verifier key (its origin is the key's name)."""
     witness = Witness.open(state)
     try:
-        origin = witness.add_log(_pin(vkey, "").vkey)
+        origin = witness.add_log(pin_key(vkey, "").vkey)
     finally:
         witness.close()
     out.print(f"now witnessing {origin}", markup=False, highlight=False)

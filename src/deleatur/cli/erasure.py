@@ -1,0 +1,248 @@
+"""Erasure commands (Art. 17): erase, erase-all, requests, certificate, verify, residue."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..clock import system_clock
+from ..erasure.engine import ErasureResult
+from ..erasure.plan import ErasurePlan
+from ..erasure.verify import verify_certificate
+from ..errors import InvalidInputError
+from ..log.note import Note, NoteError
+from ..model import SpaceFilter
+from ..store.evidence import StoreEvidence
+from .common import JsonOpt, app, emit, open_memory, out, pin_key, print_report, read_input, write_output
+from .logs import PubkeyOpt
+
+RequestIdOpt = Annotated[str, typer.Option("--request-id", help="The DSAR's id; repeating it is idempotent.")]
+BasisOpt = Annotated[str, typer.Option("--basis", help="Legal basis, e.g. 'Art. 17(1)(a)'.")]
+RequesterOpt = Annotated[str | None, typer.Option("--requester", help="Who asked [default: cli:$USER].")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the blast radius; change nothing.")]
+TokenOpt = Annotated[bool, typer.Option("--issue-token", help="With --dry-run: a single-use confirmation token.")]
+ConfirmOpt = Annotated[str | None, typer.Option("--confirm", help="The token a dry run issued.")]
+
+
+def _print_plan(plan: ErasurePlan, token: str | None) -> None:
+    out.print(
+        f"would erase {plan.total} record(s): {len(plan.direct)} naming the subject, "
+        f"{len(plan.lineage)} reached through lineage",
+        markup=False,
+    )
+    table = Table(show_header=True)
+    for column in ("via", "id", "space", "status", "subject"):
+        table.add_column(column)
+    for r in (*plan.direct, *plan.lineage):
+        table.add_row(r.via, r.id, f"{r.user_id}/{r.agent_id}/{r.run_id}", r.status.value, r.subject)
+    if plan.total:
+        out.print(table)
+    if plan.other_subjects:
+        out.print("other subjects whose derived records go too: " + ", ".join(plan.other_subjects), markup=False)
+    if plan.ambiguous:
+        out.print(
+            "AMBIGUOUS: the subject matches several spellings: "
+            + ", ".join(repr(s) for s in plan.spellings)
+            + " (erasing needs --allow-ambiguous)",
+            markup=False,
+        )
+    for space, n in plan.per_space().items():
+        out.print(f"  {space}: {n}", markup=False)
+    out.print(f"data keys destroyed: {len(plan.destroy_keys)}", markup=False)
+    if plan.kept_elsewhere:
+        out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
+    if plan.outside_lineage:
+        out.print(f"kept: {plan.outside_lineage} derived record(s) outside this scope")
+    out.print(f"note: {plan.to_json()['note']}", markup=False)
+    if token:
+        out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
+
+
+def _report(result: ErasureResult, as_json: bool) -> None:
+    if result.request is None:
+        assert result.plan is not None
+        if as_json:
+            emit({"dry_run": True, "plan": result.plan.to_json(), "token": result.token})
+        else:
+            _print_plan(result.plan, result.token)
+        return
+    request = result.request
+    if as_json:
+        emit({"request": request.to_json(system_clock()), "repeated": result.repeated})
+        return
+    counts = request.counts
+    prefix = "already done: " if result.repeated else ""
+    out.print(
+        f"{prefix}erased {counts.get('records', 0)} record(s), {len(request.tombstones)} tombstone(s), "
+        f"{counts.get('keys_destroyed', 0)} data key(s) destroyed [request {request.id}, {request.status.value}]",
+        markup=False,
+    )
+    if counts.get("records", 0):
+        out.print(
+            f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False
+        )
+
+
+@app.command()
+def erase(
+    subject: Annotated[str, typer.Argument(help="Who the records are about.")],
+    request_id: RequestIdOpt,
+    basis: BasisOpt,
+    requester: RequesterOpt = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's spaces.")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", "-a", help="Only this agent's spaces.")] = None,
+    run: Annotated[str | None, typer.Option("--run", "-r", help="Only this run's spaces.")] = None,
+    dry_run: DryRunOpt = False,
+    allow_ambiguous: Annotated[bool, typer.Option("--allow-ambiguous")] = False,
+    issue_token: TokenOpt = False,
+    confirm: ConfirmOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Art. 17: erase a subject everywhere (or in the spaces given), with signed tombstones."""
+    with open_memory() as memory:
+        result = memory.erase(
+            subject,
+            request_id=request_id,
+            basis=basis,
+            requester=requester or f"cli:{getpass.getuser()}",
+            scope=SpaceFilter(user, agent, run),
+            dry_run=dry_run,
+            allow_ambiguous=allow_ambiguous,
+            issue_token=issue_token,
+            confirmation=confirm,
+        )
+    _report(result, as_json)
+
+
+@app.command("erase-all")
+def erase_all(
+    user: Annotated[str, typer.Option("--user", "-u", help="The account whose memory goes.")],
+    request_id: RequestIdOpt,
+    basis: BasisOpt,
+    requester: RequesterOpt = None,
+    agent: Annotated[str | None, typer.Option("--agent", "-a", help="Only this agent's space.")] = None,
+    run: Annotated[str | None, typer.Option("--run", "-r", help="Only this run's space.")] = None,
+    dry_run: DryRunOpt = False,
+    issue_token: TokenOpt = False,
+    confirm: ConfirmOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Account deletion: every space of one user (never another user's), with tombstones."""
+    with open_memory() as memory:
+        result = memory.erase_all(
+            user_id=user,
+            agent_id=agent,
+            run_id=run,
+            request_id=request_id,
+            basis=basis,
+            requester=requester or f"cli:{getpass.getuser()}",
+            dry_run=dry_run,
+            issue_token=issue_token,
+            confirmation=confirm,
+        )
+    _report(result, as_json)
+
+
+@app.command()
+def requests(as_json: JsonOpt = False) -> None:
+    """Erasure requests, with their Art. 12(3) deadline and whether it was met."""
+    now = system_clock()
+    with open_memory() as memory:
+        rows = [r.to_json(now) for r in memory.erasure_requests()]
+    if as_json:
+        emit(rows)
+        return
+    table = Table()
+    for column in ("id", "kind", "subject", "status", "records", "received", "deadline", "met"):
+        table.add_column(column)
+    for r in rows:
+        met = {True: "yes", False: "NO", None: "open"}[r["deadline_met"]]
+        table.add_row(
+            r["id"],
+            r["kind"],
+            r["subject"] or "",
+            r["status"],
+            str(r["counts"].get("records", "")),
+            r["received_at"],
+            r["deadline"],
+            met,
+        )
+    out.print(table)
+
+
+@app.command()
+def certificate(
+    request_id: RequestIdOpt,
+    out_file: Annotated[Path | None, typer.Option("--out", "-o", help="Write the certificate here.")] = None,
+) -> None:
+    """A portable erasure certificate, verifiable offline with the public key alone."""
+    with open_memory() as memory:
+        document = memory.certificate(request_id)
+    write_output(out_file, json.dumps(document, indent=2, sort_keys=True) + "\n")
+    if out_file is not None:
+        attested = document["certificate"]["erasure"]["records"]
+        out.print(f"wrote erasure certificate -> {out_file} ({attested} erasure(s) attested)", markup=False)
+
+
+@app.command()
+def verify(
+    certificate_file: Annotated[str, typer.Argument(metavar="CERT", help="A certificate file ('-': stdin).")],
+    store: Annotated[Path | None, typer.Option("--store", help="Check absence in this store (read-only).")] = None,
+    expected_pubkey: PubkeyOpt = None,
+    expected_checkpoint: Annotated[
+        str | None, typer.Option("--expected-checkpoint", help="A checkpoint you pinned earlier.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Verify an erasure certificate: one line per numbered check, NOTEs, VERDICT (exit 0 or 1)."""
+    try:
+        document: Any = json.loads(read_input(certificate_file))
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{certificate_file} is not JSON: {exc.msg}") from None
+    pinned = None
+    if expected_checkpoint is not None:
+        try:
+            pinned = Note.parse(read_input(expected_checkpoint))
+        except NoteError as exc:
+            raise InvalidInputError(f"--expected-checkpoint: {exc.message}") from None
+    key = None
+    if expected_pubkey is not None:
+        # A raw hex key is named after the log it signs, which the certificate names.
+        body = document.get("certificate") if isinstance(document, dict) else None
+        origin = body.get("store", {}).get("origin") if isinstance(body, dict) else None
+        key = pin_key(expected_pubkey, str(origin or "deleatur"))
+    evidence = None if store is None else StoreEvidence(store)
+    try:
+        report = verify_certificate(document, expected_key=key, expected_checkpoint=pinned, store=evidence)
+    finally:
+        if evidence is not None:
+            evidence.close()
+    print_report(report, as_json)
+
+
+@app.command()
+def residue(
+    subject: str,
+    identifier: Annotated[list[str], typer.Option("--identifier", "-i", help="A name, number or address.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Find live records about SUBJECT that are tagged with another subject (for review)."""
+    with open_memory() as memory:
+        hits = memory.residue(subject, identifier)
+    if as_json:
+        emit([h.to_json() for h in hits])
+        return
+    if not hits:
+        out.print("no residue: no other record mentions these identifiers")
+        return
+    table = Table()
+    for column in ("id", "space", "tagged subject", "mentions"):
+        table.add_column(column)
+    for h in hits:
+        table.add_row(h.record_id, f"{h.user_id}/{h.agent_id}/{h.run_id}", h.subject, ", ".join(h.identifiers))
+    out.print(table)
