@@ -1,0 +1,287 @@
+"""Erasure by subject and account: dry run, lineage, atomicity, crypto-shredding,
+requests, idempotency, confirmation tokens, residue and pseudonymized traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Space, from_bytes
+from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
+from deleatur.erasure.requests import RequestStatus, one_month_after
+from deleatur.log.entries import Entry, EventType
+from deleatur.model import SpaceFilter
+
+from .conftest import MASTER, FakeClock
+
+BASIS = "Art. 17(1)(a)"
+
+
+def _erase(memory: Memory, subject: str, request_id: str = "DSAR-17", **kwargs: object) -> object:
+    return memory.erase(subject, request_id=request_id, basis=BASIS, requester="dpo@example", **kwargs)  # type: ignore[arg-type]
+
+
+def _snapshot(memory: Memory) -> tuple[object, ...]:
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    keys = memory.keys._conn
+    return (
+        conn.execute("SELECT id, status, ciphertext FROM records ORDER BY id").fetchall(),
+        conn.execute("SELECT count(*) FROM log_entries").fetchall(),
+        keys.execute("SELECT key_id FROM data_keys ORDER BY key_id").fetchall(),
+    )
+
+
+@pytest.fixture
+def family(memory: Memory) -> dict[str, str]:
+    """Alice's records, a chain derived from them (a -> b -> c), and bystanders."""
+    a1 = memory.remember("Alice's phone is +100", subject="Alice Smith", key="alice::phone")
+    a2 = memory.remember("Alice's phone is +101", subject="Alice Smith", key="alice::phone", space=Space("u1"))
+    b = memory.remember("Summary: Alice moved", subject="Team notes", derived_from=[a1.id])
+    c = memory.remember("Digest of the summary", subject="Digest", derived_from=[b.id])
+    bob = memory.remember("Bob likes tea", subject="Bob")
+    team = memory.remember("Team lunch on Friday", subject="Team notes")
+    return {"a1": a1.id, "a2": a2.id, "b": b.id, "c": c.id, "bob": bob.id, "team": team.id}
+
+
+def test_dry_run_shows_the_blast_radius_and_changes_nothing(memory: Memory, family: dict[str, str]) -> None:
+    before = _snapshot(memory)
+    result = _erase(memory, "alice smith", dry_run=True)
+    plan = result.plan  # type: ignore[attr-defined]
+    assert {r.id for r in plan.direct} == {family["a1"], family["a2"]}
+    assert [r.id for r in plan.lineage] == [family["b"], family["c"]]  # transitive
+    assert plan.other_subjects == ("digest", "team notes")
+    assert plan.per_space() == {"default//": 3, "u1//": 1}
+    assert len(plan.destroy_keys) == 2  # Alice's and Digest's; Team notes keeps other records
+    assert "residue" in plan.to_json()["note"]
+    assert result.request is None  # type: ignore[attr-defined]
+    assert _snapshot(memory) == before
+    assert memory.erasure_requests() == []
+
+
+def test_erasure_removes_everything_of_the_subject(memory: Memory, family: dict[str, str]) -> None:
+    result = _erase(memory, "Alice Smith")
+    request = result.request  # type: ignore[attr-defined]
+    assert request.status is RequestStatus.COMPLETE
+    assert request.counts["records"] == 4
+    for name in ("a1", "a2", "b", "c"):
+        with pytest.raises(NotFoundError):
+            memory.get(family[name], space=Space("u1") if name == "a2" else Space())
+    assert memory.recall("phone") == []
+    assert [r.id for r in memory.list(include_history=True)] == [family["bob"], family["team"]]
+    assert memory.get(family["team"]).text == "Team lunch on Friday"
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("alice smith"))
+    assert memory.keys.has_key(memory.tenant, memory._subject_ref("team notes"))
+    entries = [Entry.decode(raw) for _, raw in memory.backend.log_entries()]
+    tombstones = [e for e in entries if e.type is EventType.TOMBSTONE]
+    assert sorted(str(e.record) for e in tombstones) == sorted(family[n] for n in ("a1", "a2", "b", "c"))
+    assert all(e.fields["request"] == "DSAR-17" and e.fields["basis"] == BASIS for e in tombstones)
+    assert memory.verify_log().ok
+
+
+def test_traces_keep_no_name_and_the_pseudonym_cannot_be_recomputed(memory: Memory, family: dict[str, str]) -> None:
+    ref = memory._subject_ref("alice smith")
+    before = memory.keys.pseudonym(memory.tenant, ref, "alice smith")
+    request = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+    assert request.subject_pseudonym == before
+    assert memory.keys.pseudonym(memory.tenant, ref, "alice smith") is None
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    rows = repr(conn.execute("SELECT * FROM erasure_requests").fetchall()).lower()
+    log = b"".join(raw for _, raw in memory.backend.log_entries()).lower()
+    for needle in ("alice", "smith", "phone"):
+        assert needle not in rows
+        assert needle.encode() not in log
+
+
+def test_repeating_a_request_id_returns_the_earlier_result(memory: Memory, family: dict[str, str]) -> None:
+    first = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+    memory.remember("Alice again", subject="Alice Smith")
+    again = _erase(memory, "Alice Smith")
+    assert again.repeated  # type: ignore[attr-defined]
+    assert again.request == first  # type: ignore[attr-defined]
+    assert len(list(memory.list(subject="Alice Smith"))) == 1  # nothing new was erased
+
+
+def test_requests_list_with_deadline(memory: Memory, family: dict[str, str], clock: FakeClock) -> None:
+    _erase(memory, "Alice Smith")
+    [request] = memory.erasure_requests()
+    assert request.deadline == one_month_after(request.received_at)
+    assert request.deadline_met(clock.now) is True
+    data = request.to_json(clock.now)
+    assert data["subject"].startswith("psn:")
+    assert data["deadline_met"] is True
+
+
+def test_one_month_deadline_clamps_to_month_end() -> None:
+    from datetime import UTC, datetime
+
+    from deleatur.clock import from_datetime, to_datetime
+
+    assert to_datetime(one_month_after(from_datetime(datetime(2027, 1, 31, 12, tzinfo=UTC)))).date().isoformat() == (
+        "2027-02-28"
+    )
+    assert to_datetime(one_month_after(from_datetime(datetime(2026, 12, 15, tzinfo=UTC)))).date().isoformat() == (
+        "2027-01-15"
+    )
+
+
+def test_ambiguous_subject_is_refused_until_allowed(memory: Memory) -> None:
+    memory.remember("one", subject="Jo Smith")
+    memory.remember("two", subject="JO SMITH")
+    with pytest.raises(AmbiguousSubjectError, match="2 different original spellings"):
+        _erase(memory, "jo smith")
+    [failed] = memory.erasure_requests()
+    assert failed.status is RequestStatus.FAILED
+    assert "spellings" in (failed.error or "")
+    assert len(list(memory.list())) == 2  # nothing erased
+    done = _erase(memory, "jo smith", allow_ambiguous=True).request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE
+    assert list(memory.list()) == []
+
+
+def test_agents_must_present_a_single_use_token(memory: Memory, family: dict[str, str]) -> None:
+    with pytest.raises(ConfirmationRequiredError):
+        _erase(memory, "Alice Smith", require_confirmation=True)
+    token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    assert token
+    with pytest.raises(InvalidInputError, match="unknown confirmation token"):
+        _erase(memory, "Alice Smith", request_id="DSAR-18", require_confirmation=True, confirmation="nope")
+    done = _erase(memory, "Alice Smith", request_id="DSAR-19", require_confirmation=True, confirmation=token)
+    assert done.request.counts["records"] == 4  # type: ignore[attr-defined]
+    with pytest.raises(InvalidInputError, match="already used"):
+        _erase(memory, "Bob", request_id="DSAR-20", confirmation=token)
+
+
+def test_a_token_for_another_blast_radius_is_refused(memory: Memory, family: dict[str, str]) -> None:
+    token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    memory.remember("Alice's new address", subject="Alice Smith")
+    with pytest.raises(InvalidInputError, match="blast radius changed"):
+        _erase(memory, "Alice Smith", confirmation=token)
+
+
+def test_expired_token_is_refused(memory: Memory, family: dict[str, str], clock: FakeClock) -> None:
+    token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    clock.advance(16 * 60)
+    with pytest.raises(InvalidInputError, match="expired"):
+        _erase(memory, "Alice Smith", confirmation=token)
+
+
+def test_a_space_limited_erasure_keeps_the_key(memory: Memory, family: dict[str, str]) -> None:
+    result = _erase(memory, "Alice Smith", scope=SpaceFilter(user_id="u1"))
+    request = result.request  # type: ignore[attr-defined]
+    assert request.record_ids == (family["a2"],)
+    assert request.counts["kept_in_other_spaces"] == 1
+    assert memory.get(family["a1"]).text == "Alice's phone is +100"
+    cert = memory.certificate("DSAR-17")["certificate"]
+    assert cert["erasure"]["key_destroyed"] is False
+    assert any("key was kept because 1" in line for line in cert["scope_statement"]["does_not_cover"])
+
+
+def test_account_erasure_never_touches_another_user(memory: Memory) -> None:
+    for user in ("user1", "user10", "user"):
+        for agent in ("", "bot"):
+            memory.remember(f"{user} {agent} note", subject=f"person of {user}", space=Space(user, agent))
+    result = memory.erase_all(user_id="user1", request_id="ACC-1", basis=BASIS, requester="ops")
+    assert result.request.counts["records"] == 2  # type: ignore[union-attr]
+    assert list(memory.list(space=Space("user1"))) == []
+    assert list(memory.list(space=Space("user1", "bot"))) == []
+    for user in ("user10", "user"):
+        assert len(list(memory.list(space=Space(user)))) == 1
+        assert len(list(memory.list(space=Space(user, "bot")))) == 1
+    with pytest.raises(InvalidInputError, match="user_id must not be empty"):
+        memory.erase_all(user_id="", request_id="X", basis=BASIS, requester="ops")
+
+
+def test_account_erasure_of_one_space(memory: Memory) -> None:
+    memory.remember("support", subject="s", space=Space("user1", "support"))
+    memory.remember("sales", subject="s", space=Space("user1", "sales"))
+    memory.erase_all(user_id="user1", agent_id="support", request_id="ACC-2", basis=BASIS, requester="ops")
+    assert [r.text for r in memory.list(space=Space("user1", "sales"))] == ["sales"]
+    assert list(memory.list(space=Space("user1", "support"))) == []
+
+
+def test_bad_requests_are_refused_before_anything_happens(memory: Memory, family: dict[str, str]) -> None:
+    before = _snapshot(memory)
+    with pytest.raises(InvalidInputError, match="request id"):
+        memory.erase("Alice Smith", request_id="no spaces allowed", basis=BASIS, requester="x")
+    with pytest.raises(InvalidInputError, match="legal basis"):
+        memory.erase("Alice Smith", request_id="D-1", basis=" ", requester="x")
+    with pytest.raises(InvalidInputError, match="subject must not be empty"):
+        memory.erase("  ", request_id="D-1", basis=BASIS, requester="x")
+    assert _snapshot(memory) == before
+
+
+def test_a_failure_midway_erases_nothing(
+    memory: Memory, family: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _snapshot(memory)
+    real = memory.backend.purge
+
+    def broken(ids: object) -> int:
+        real(ids)  # type: ignore[arg-type]
+        raise InvalidInputError("disk full (injected)")
+
+    monkeypatch.setattr(memory.backend, "purge", broken)
+    with pytest.raises(InvalidInputError, match="injected"):
+        _erase(memory, "Alice Smith")
+    monkeypatch.undo()
+    assert _snapshot(memory)[0] == before[0]  # every record still there
+    assert _snapshot(memory)[2] == before[2]  # every key still there
+    [failed] = memory.erasure_requests()
+    assert failed.status is RequestStatus.FAILED
+    assert failed.error == "disk full (injected)"
+    assert memory.get(family["a1"]).text == "Alice's phone is +100"
+    assert memory.verify_log().ok
+    assert _erase(memory, "Alice Smith").request.status is RequestStatus.COMPLETE  # type: ignore[attr-defined]
+
+
+def test_keys_left_pending_by_a_crash_are_destroyed_on_open(
+    memory: Memory, family: dict[str, str], store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur.erasure import engine
+
+    monkeypatch.setattr(engine, "finish_pending", lambda memory, request: request)  # the process dies here
+    request = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+    assert request.status is RequestStatus.KEYS_PENDING
+    ref = memory._subject_ref("alice smith")
+    assert memory.keys.has_key(memory.tenant, ref)
+    monkeypatch.undo()
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert not reopened.keys.has_key(reopened.tenant, ref)
+        assert reopened.erasure_request("DSAR-17").status is RequestStatus.COMPLETE
+
+
+def test_residue_scan_finds_untagged_mentions(memory: Memory, family: dict[str, str]) -> None:
+    memory.remember("Bob met ALICE SMITH at the station", subject="Bob")
+    memory.remember("call +100 back", subject="Carol")
+    hits = memory.residue("Alice Smith", ["+100"])
+    # "Summary: Alice moved" names no full identifier, so it is not reported.
+    assert sorted(h.subject for h in hits) == ["Bob", "Carol"]
+    with pytest.raises(InvalidInputError, match="at least one"):
+        memory.residue("Alice Smith", [" "])
+
+
+def test_erased_subject_can_be_remembered_again_under_a_new_key(memory: Memory, family: dict[str, str]) -> None:
+    old_key = memory.backend.get(memory.tenant, family["a1"])
+    assert old_key is not None
+    _erase(memory, "Alice Smith")
+    again = memory.remember("Alice is back", subject="Alice Smith")
+    row = memory.backend.get(memory.tenant, again.id)
+    assert row is not None
+    assert row.key_id != old_key.key_id
+    assert memory.get(again.id).text == "Alice is back"
+
+
+def test_reads_through_a_stale_cached_key_fail_once_destroyed(memory: Memory, family: dict[str, str]) -> None:
+    row = memory.backend.get(memory.tenant, family["a1"])
+    assert row is not None
+    _erase(memory, "Alice Smith")
+    with pytest.raises(DataKeyDestroyedError):
+        memory.keys.key_by_id(row.key_id)
+
+
+def test_account_ids_do_not_survive_in_requests(memory: Memory) -> None:
+    memory.remember("x", subject="s", space=Space("cust_5521"))
+    memory.erase_all(user_id="cust_5521", request_id="ACC-3", basis=BASIS, requester="ops")
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    assert b"cust_5521" not in repr(conn.execute("SELECT * FROM erasure_requests").fetchall()).encode()
