@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import apsw
+import pytest
 
 from deleatur import Memory, NewMemory
+from deleatur.model import EVERYWHERE
 
 from .conftest import store_files
 
@@ -73,3 +76,57 @@ def test_rectify_erase_previous_leaves_no_trace(memory: Memory, store_path: Path
     assert RECTIFIED.encode() not in _raw(store_path)
     assert RECTIFIED not in _vocabulary(store_path)
     assert [r.text for r in memory.history("alice::phone")] == ["phone is +100"]
+
+
+def test_erasure_leaves_no_plaintext_and_shreds_old_backups(memory: Memory, store_path: Path, tmp_path: Path) -> None:
+    """Distinctive text of one subject among thousands — a derived record and a rectified
+    value included — is gone from every byte after the erasure, and a database copy made
+    before it cannot be decrypted for that subject any more, while others still can."""
+    from deleatur import DataKeyDestroyedError, from_bytes
+    from deleatur.memory import keystore_path
+
+    from .conftest import MASTER
+
+    _fill(memory, 3000)
+    secrets = ["quixoticzebrafjord", "wrongvaluexylophonics", "rectifiedmarmalade", "derivedkumquatnebula"]
+    first = memory.remember(f"Alice said {secrets[0]}", subject="Alice Quartermain", key="alice::code")
+    memory.remember(f"Alice code {secrets[1]}", subject="Alice Quartermain", key="alice::phone")
+    memory.rectify("alice::phone", f"Alice code {secrets[2]}", reason="typo", actor="dpo")
+    memory.remember(f"Summary {secrets[3]}", subject="Team", derived_from=[first.id])
+    kept = memory.remember("Bob's unrelated note", subject="Bob")
+    _fill(memory, 1000)
+    memory.backend.scrub()
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    shutil.copy(store_path, backup_dir / "mem.db")  # a backup taken before the erasure
+    raw = _raw(store_path)
+    assert secrets[0].encode() in raw  # positive control: the index held the active terms
+    assert secrets[3].encode() in raw
+
+    memory.erase("Alice Quartermain", request_id="DSAR-17", basis="Art. 17(1)(a)", requester="dpo")
+
+    raw = _raw(store_path)
+    vocabulary = _vocabulary(store_path)
+    for secret in secrets:
+        assert secret.encode() not in raw, secret
+        assert secret not in vocabulary, secret
+    assert b"quartermain" not in raw.lower()
+    for path in store_files(store_path):
+        if path.name.endswith("-wal"):
+            assert path.stat().st_size == 0, path
+
+    # Restore the old database copy beside today's key store.
+    shutil.copy(keystore_path(store_path), keystore_path(backup_dir / "mem.db"))
+    with Memory.open(backup_dir / "mem.db", from_bytes(MASTER)) as restored:
+        assert restored.get(kept.id).text == "Bob's unrelated note"
+        with pytest.raises(DataKeyDestroyedError):
+            restored.get(first.id)
+        subject_rows = list(
+            restored.backend.select_any(
+                restored.tenant, EVERYWHERE, subject_ref=restored._subject_ref("alice quartermain")
+            )
+        )
+        assert len(subject_rows) == 3  # history included: all three versions are in the copy...
+        for row in subject_rows:
+            with pytest.raises(DataKeyDestroyedError):
+                restored._decrypt(row)  # ...and none can be read

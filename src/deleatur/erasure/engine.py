@@ -193,8 +193,10 @@ def erase(
             exc=exc,
         )
         raise
+    done = finish_pending(memory, request)
+    # Last, so no page image of the erased rows (nor of the request's update) stays in the -wal.
     memory.backend.scrub()
-    return ErasureResult(finish_pending(memory, request), plan)
+    return ErasureResult(done, plan)
 
 
 def _record_failure(

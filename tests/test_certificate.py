@@ -1,0 +1,268 @@
+"""Erasure certificates: they verify offline, and every tampering fails in the named check."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from deleatur import Memory, NewMemory, Space, from_bytes
+from deleatur.erasure.verify import verify_certificate
+from deleatur.log.entries import Entry
+from deleatur.log.note import Note, Signer
+from deleatur.store.evidence import StoreEvidence
+
+from .conftest import MASTER, FakeClock
+
+BASIS = "Art. 17(1)(a)"
+
+
+@pytest.fixture
+def erased(memory: Memory) -> tuple[Memory, dict[str, Any], Note]:
+    """A store with an erasure done, its certificate, and a checkpoint pinned before it."""
+    memory.remember_many([NewMemory(f"bystander {i}", subject=f"p{i % 7}") for i in range(30)])
+    pinned = memory.checkpoint()
+    first = memory.remember("Alice's phone is +100", subject="Alice", key="alice::phone")
+    memory.remember("Derived from Alice", subject="Team", derived_from=[first.id])
+    memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
+    return memory, memory.certificate("DSAR-17"), pinned
+
+
+@pytest.fixture
+def evidence(store_path: Path) -> Iterator[StoreEvidence]:
+    ev = StoreEvidence(store_path)
+    yield ev
+    ev.close()
+
+
+def _verify(memory: Memory, cert: Any, store: StoreEvidence | None = None, pinned: Note | None = None) -> list[str]:
+    key = memory.log.verifiers()[0]
+    report = verify_certificate(cert, expected_key=key, expected_checkpoint=pinned, store=store)
+    return [c.name for c in report.failed]
+
+
+def test_certificate_verifies_with_the_public_key_alone(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    memory, cert, pinned = erased
+    report = verify_certificate(
+        cert, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence
+    )
+    assert report.ok, report.lines()
+    assert report.notes == []
+    assert report.lines()[-1] == "VERDICT: PASS"
+    assert len(report.checks) == 10
+    body = cert["certificate"]
+    assert body["erasure"]["records"] == 2
+    assert body["erasure"]["key_destroyed"] is True
+    assert "Alice" not in json.dumps(cert)
+    assert "model weights" in body["scope_statement"]["text"]
+    # Offline, without pins: still a pass on what can be checked, with a NOTE per missing anchor.
+    alone = verify_certificate(json.loads(json.dumps(cert)))
+    assert alone.ok
+    assert len(alone.notes) == 3
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path
+
+
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    for part in path[:-1]:
+        doc = doc[part]
+    doc[path[-1]] = value
+
+
+def _get(doc: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+def _mutate(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if value is None:
+        return "x"
+    text = str(value)
+    return text[:-1] + ("A" if text[-1:] != "A" else "B") if text else "x"
+
+
+def test_one_changed_byte_in_any_field_fails(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    memory, cert, _ = erased
+    paths = list(_leaves(cert["certificate"]))
+    assert len(paths) > 40
+    for path in paths:
+        forged = copy.deepcopy(cert)
+        _set(forged["certificate"], path, _mutate(_get(forged["certificate"], path)))
+        failed = _verify(memory, forged)
+        assert failed, f"changing certificate{list(path)} went unnoticed"
+        assert "signature" in failed or "format" in failed, (path, failed)
+
+
+def test_the_issue_time_is_signed(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    memory, cert, _ = erased
+    forged = copy.deepcopy(cert)
+    forged["certificate"]["issued_at"] = "2020-01-01T00:00:00Z"
+    assert _verify(memory, forged) == ["signature"]
+
+
+def test_a_re_signed_edit_still_fails_the_content_checks(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    """An operator holding the key can re-sign: then the content checks must still hold."""
+    memory, cert, _ = erased
+    from deleatur.erasure.certificate import signed_message
+
+    signer = memory.log.signer
+    assert signer is not None
+
+    def resigned(change: Any) -> list[str]:
+        forged = copy.deepcopy(cert)
+        change(forged["certificate"])
+        forged["signature"] = base64.b64encode(signer.sign_bytes(signed_message(forged["certificate"]))).decode()
+        return _verify(memory, forged)
+
+    assert resigned(lambda b: b["scope_statement"].update(text="covers everything, backups too")) == ["scope_intact"]
+    assert resigned(lambda b: b["tombstones"].pop()) == ["tombstones", "attests_erasure"]
+    assert resigned(lambda b: b["tombstones"][0]["proof"].reverse()) == ["tombstones"]
+
+
+def test_zero_erasures_never_verify_as_an_erasure(memory: Memory) -> None:
+    memory.erase("Nobody", request_id="DSAR-0", basis=BASIS, requester="dpo")
+    cert = memory.certificate("DSAR-0")
+    assert "nothing was erased" in cert["certificate"]["scope_statement"]["text"]
+    assert _verify(memory, cert) == ["attests_erasure"]
+
+
+def test_erased_record_reinserted_under_a_new_id_fails(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    memory, cert, _ = erased
+    assert _verify(memory, cert, evidence) == []
+    memory.remember("Alice's phone is +100", subject="Alice")
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_erased_record_reinserted_into_the_store_fails(
+    memory: Memory, store_path: Path, tmp_path: Path, evidence: StoreEvidence
+) -> None:
+    record = memory.remember("Alice's phone is +100", subject="Alice")
+    memory.backend.scrub()
+    backup = tmp_path / "backup.db"
+    shutil.copy(store_path, backup)
+    memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
+    cert = memory.certificate("DSAR-17")
+    old = apsw.Connection(str(backup))
+    row = old.execute("SELECT * FROM records WHERE id = ?", (record.id,)).fetchall()[0]
+    old.close()
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute(f"INSERT INTO records VALUES ({', '.join('?' * len(row))})", row)
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_a_tombstone_removed_from_the_log_fails(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    memory, cert, _ = erased
+    index = cert["certificate"]["tombstones"][0]["index"]
+    memory.backend._conn.execute("DELETE FROM log_entries WHERE idx = ?", (index,))  # type: ignore[attr-defined]
+    assert _verify(memory, cert, evidence) == ["store_log"]
+
+
+def test_a_rewritten_log_re_signed_with_the_same_key_fails_the_pinned_checkpoint(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    memory, cert, pinned = erased
+    # The key holder rewrites history before the erasure and rebuilds every hash and signature.
+    rows = [raw for _, raw in memory.backend.log_entries()]
+    rows[3] = rows[3].replace(b'"tenant":"default"', b'"tenant":"rewritten"')
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    for table in ("log_entries", "log_nodes", "log_checkpoints"):
+        conn.execute(f"DELETE FROM {table}")
+    with memory.backend.atomic():
+        memory.log.append([(Entry.decode(r), None) for r in rows])
+        memory.log.checkpoint()
+    forged = memory.certificate("DSAR-17")
+    assert _verify(memory, forged, evidence) == []  # self-consistent...
+    assert _verify(memory, forged, evidence, pinned=pinned) == ["pinned_checkpoint"]  # ...but not with the pin
+    assert "store_log" in _verify(memory, cert, evidence)  # and the honest certificate no longer matches the store
+
+
+def test_a_certificate_from_another_store_fails(
+    erased: tuple[Memory, dict[str, Any], Note], tmp_path: Path, clock: FakeClock
+) -> None:
+    memory, cert, _ = erased
+    other_path = tmp_path / "other.db"
+    with Memory.open(other_path, from_bytes(MASTER), clock=clock, create=True) as other:
+        other.new_signing_key()
+        other.remember("x", subject="y")
+    other_evidence = StoreEvidence(other_path)
+    try:
+        failed = _verify(memory, cert, other_evidence)
+    finally:
+        other_evidence.close()
+    assert failed[0] == "store_identity"
+
+
+def test_a_certificate_signed_by_another_key_fails(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    memory, cert, _ = erased
+    intruder = Signer.generate(memory.log.origin)
+    forged = copy.deepcopy(cert)
+    forged["certificate"]["public_key"] = intruder.verifier.vkey
+    from deleatur.erasure.certificate import signed_message
+
+    forged["signature"] = base64.b64encode(intruder.sign_bytes(signed_message(forged["certificate"]))).decode()
+    assert _verify(memory, forged) == ["signature"]
+    # Without a pinned key the forgery is self-consistent except for the checkpoint, and the NOTE warns.
+    report = verify_certificate(forged)
+    assert [c.name for c in report.failed] == ["checkpoint"]
+    assert any("KEY NOT PINNED" in n for n in report.notes)
+
+
+def test_malformed_certificates_fail_the_format_check(memory: Memory) -> None:
+    bad_documents: list[Any] = [{}, {"certificate": {"format": "other"}, "signature": "AA=="}, [], {"certificate": 1}]
+    for bad in bad_documents:
+        report = verify_certificate(bad)
+        assert [c.name for c in report.failed] == ["format"]
+
+
+def test_certificate_of_an_unknown_or_failed_request(memory: Memory) -> None:
+    from deleatur import InvalidInputError, NotFoundError
+
+    with pytest.raises(NotFoundError, match="no erasure request"):
+        memory.certificate("DSAR-404")
+    memory.remember("a", subject="Jo")
+    memory.remember("b", subject="JO")
+    with pytest.raises(InvalidInputError):
+        memory.erase("jo", request_id="DSAR-1", basis=BASIS, requester="dpo")
+    with pytest.raises(InvalidInputError, match="is failed"):
+        memory.certificate("DSAR-1")
+
+
+def test_verification_survives_a_key_rotation(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    memory, cert, _ = erased
+    memory.rotate_signing_key()
+    assert _verify(memory, cert) == []
+
+
+def test_space_scope_is_pseudonymous_in_the_certificate(memory: Memory) -> None:
+    memory.remember("x", subject="s", space=Space("cust_5521"))
+    memory.erase_all(user_id="cust_5521", request_id="ACC-1", basis=BASIS, requester="ops")
+    cert = memory.certificate("ACC-1")
+    assert "cust_5521" not in json.dumps(cert)
+    assert _verify(memory, cert) == []
