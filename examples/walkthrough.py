@@ -36,7 +36,9 @@ def main() -> None:
         run("init")
 
         step("An agent remembers facts about two people, each tagged with its subject")
-        run("remember", "Alice prefers email over phone calls", "--subject", "Alice Martin", "--source", "crm/alice")
+        alice_email = run(
+            "remember", "Alice prefers email over phone calls", "--subject", "Alice Martin", "--source", "crm/alice"
+        )
         run("remember", "Alice's phone is +33 6 12 34 56 78", "--subject", "Alice Martin", "--key", "alice::phone")
         bob = run("remember", "Bob's phone is +1 555 0100", "--subject", "Bob Stone", "--key", "bob::phone")
         run("remember", "Bob asked for a refund on order 1042", "--subject", "bob stone", "--derived-from", bob)
@@ -106,9 +108,33 @@ def main() -> None:
         (tmpdir / "tampered.json").write_text(data)
         run("verify-receipt", str(tmpdir / "tampered.json"), "--key", vkey, expect=1)
 
-        step("On disk: names, keys and texts are encrypted under per-subject keys")
+        step("Art. 17 erasure: first the blast radius, changing nothing")
+        run("remember", "Alice mentioned a refund", "--subject", "Support log", "--derived-from", alice_email)
+        run("remember", "Bob met Alice Martin at the fair", "--subject", "Bob Stone")
+        dsar = ("--request-id", "DSAR-17", "--basis", "Art. 17(1)(a)", "--requester", "dpo@example.com")
+        run("erase", "Alice Martin", *dsar, "--dry-run")
+        run("residue", "Alice Martin", "--identifier", "+33 6")
+
+        step("Erase: records, history, lineage, index terms and the subject's key; signed tombstones")
+        run("erase", "Alice Martin", *dsar)
+        run("erase", "Alice Martin", *dsar)  # the same request id again: the same result, nothing more
+        run("requests")
+        run("list", "--history")
+
+        step("A portable certificate, verified offline with the public key alone")
+        cert = tmpdir / "DSAR-17.cert.json"
+        run("certificate", "--request-id", "DSAR-17", "--out", str(cert))
+        pinned = ("--expected-pubkey", vkey, "--expected-checkpoint", str(old))
+        run("verify", str(cert), "--store", os.environ["DELEATUR_STORE"], *pinned)
+
+        step("One changed byte in the certificate (its issue time) and it fails")
+        forged = cert.read_text().replace('"issued_at": "2', '"issued_at": "1', 1)
+        (tmpdir / "forged.cert.json").write_text(forged)
+        run("verify", str(tmpdir / "forged.cert.json"), "--store", os.environ["DELEATUR_STORE"], *pinned, expect=1)
+
+        step("On disk, after the erasure: none of Alice's names, keys or texts, in any file of the store")
         blob = b"".join(p.read_bytes() for p in Path(tmp).iterdir() if p.name.startswith("memory.db"))
-        for needle in ("Alice Martin", "alice::phone", "+33 6 99 99 99 90"):
+        for needle in ("Alice Martin", "alice::phone", "+33 6 99 99 99 90", "prefers"):
             print(f"{needle!r} in any store file: {needle.encode() in blob}")
 
         print("\nwalkthrough complete")
