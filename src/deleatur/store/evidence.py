@@ -66,7 +66,7 @@ class StoreEvidence:
             found += [
                 str(r[0])
                 for r in self._db.execute(
-                    f"SELECT id FROM records WHERE tenant = ? AND id IN ({', '.join('?' * len(chunk))})",
+                    f"SELECT id FROM records WHERE +tenant = ? AND id IN ({', '.join('?' * len(chunk))})",
                     (tenant, *chunk),
                 )
             ]

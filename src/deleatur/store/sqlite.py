@@ -44,6 +44,8 @@ _REQUEST_COLUMNS = (
 )
 _LEVEL_SHIFT = 50
 _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
+# A unary plus on "+tenant" keeps the planner on the id index for lookups by id:
+# without it, it may prefer records_space and scan the whole tenant.
 _SPACE = "r.tenant = ? AND r.user_id = ? AND r.agent_id = ? AND r.run_id = ?"
 
 
@@ -130,7 +132,7 @@ class SQLiteBackend:
 
     def get(self, tenant: str, record_id: str) -> StoredRow | None:
         return self._one(
-            f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.id = ? AND r.tenant = ?", (record_id, tenant)
+            f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.id = ? AND +r.tenant = ?", (record_id, tenant)
         )
 
     def existing_ids(self, tenant: str, ids: Iterable[str]) -> set[str]:
@@ -142,7 +144,7 @@ class SQLiteBackend:
             found.update(
                 r[0]
                 for r in self._conn.execute(
-                    f"SELECT id FROM records WHERE tenant = ? AND id IN ({marks})", (tenant, *chunk)
+                    f"SELECT id FROM records WHERE +tenant = ? AND id IN ({marks})", (tenant, *chunk)
                 )
             )
         return found
@@ -224,10 +226,12 @@ class SQLiteBackend:
         wanted = list(parents)
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
+            # Probe lineage by parent first (its index), then keep the tenant's rows: a
+            # plain join lets the planner scan the tenant's records instead.
             rows = self._conn.execute(
-                f"SELECT l.child FROM lineage l JOIN records r ON r.id = l.child"
-                f" WHERE r.tenant = ? AND l.parent IN ({', '.join('?' * len(chunk))})",
-                (tenant, *chunk),
+                f"SELECT l.child FROM lineage l CROSS JOIN records r ON r.id = l.child"
+                f" WHERE l.parent IN ({', '.join('?' * len(chunk))}) AND r.tenant = ?",
+                (*chunk, tenant),
             )
             found.update(str(child) for (child,) in rows)
         return found
@@ -241,7 +245,7 @@ class SQLiteBackend:
                 _row(v)
                 for v in self._conn.execute(
                     f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r"
-                    f" WHERE r.tenant = ? AND r.id IN ({', '.join('?' * len(chunk))}) ORDER BY r.id",
+                    f" WHERE +r.tenant = ? AND r.id IN ({', '.join('?' * len(chunk))}) ORDER BY r.id",
                     (tenant, *chunk),
                 )
             ]
