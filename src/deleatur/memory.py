@@ -54,6 +54,7 @@ from .model import (
     canonical_subject,
     validate_text,
 )
+from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
@@ -442,6 +443,7 @@ class Memory:
         confidence: float | None = None,
         derived_from: Iterable[str] = (),
         expires_at: int | None = None,
+        for_legal_claim: bool = False,
     ) -> Record:
         """Write one memory; a new value for an existing key supersedes the old one."""
         item = NewMemory(
@@ -454,20 +456,26 @@ class Memory:
             derived_from=tuple(derived_from),
             expires_at=expires_at,
         )
-        return self.remember_many([item], space=space)[0]
+        return self.remember_many([item], space=space, for_legal_claim=for_legal_claim)[0]
 
-    def remember_many(self, items: Iterable[NewMemory], *, space: Space = DEFAULT_SPACE) -> list[Record]:
-        """Write many memories in one transaction: all of them, or none."""
+    def remember_many(
+        self, items: Iterable[NewMemory], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
+    ) -> list[Record]:
+        """Write many memories in one transaction: all of them, or none. Writes about a
+        restricted subject (Art. 18) are refused unless ``for_legal_claim``."""
         batch = list(items)
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
         if not batch:
             return []
-        # Refuse bad lineage before any data key is made, so a refused write leaves
-        # no trace in the key store either; checked again under the write lock.
+        # Refuse bad lineage and restricted subjects before any data key is made, so a
+        # refused write leaves no trace in the key store either; checked again under the lock.
         self._check_lineage(batch)
+        refs = [self._subject_ref(canonical_subject(item.subject)) for item in batch]
+        check_writable(self, refs, for_legal_claim=for_legal_claim)
         keys = self._data_keys(batch)
         with self._logged() as events:
+            check_writable(self, refs, for_legal_claim=for_legal_claim)
             return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
@@ -589,6 +597,7 @@ class Memory:
         actor: str,
         space: Space = DEFAULT_SPACE,
         erase_previous: bool = False,
+        for_legal_claim: bool = False,
     ) -> Record:
         """Art. 16: replace the current value of ``key`` with a corrected one.
 
@@ -608,6 +617,7 @@ class Memory:
             current_row = self.backend.active_by_key(self.tenant, space, key_ref)
             if current_row is None:
                 raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+            check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
             current = self._decrypt(current_row)
             item = NewMemory(
                 text=text,
@@ -755,6 +765,18 @@ class Memory:
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:
         """Live records not tagged with ``subject`` that mention one of its identifiers."""
         return scan(self, subject, builtins.list(identifiers))
+
+    # -- restriction (Art. 18) ------------------------------------------------------
+
+    def restrict(self, subject: str, *, reason: str, actor: str) -> Restriction:
+        """Restrict processing of a subject: kept, never recalled, writes refused."""
+        return restrict(self, subject, reason=reason, actor=actor)
+
+    def unrestrict(self, subject: str, *, actor: str) -> None:
+        unrestrict(self, subject, actor=actor)
+
+    def restrictions(self) -> builtins.list[Restriction]:
+        return restrictions(self)
 
     def erasure_request(self, request_id: str) -> ErasureRequest:
         return get_request(self, request_id)

@@ -22,6 +22,7 @@ from ..errors import DeleaturError, InvalidInputError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import erasure as _erasure_commands  # noqa: F401  (registers the erasure commands)
+from . import rights as _rights_commands  # noqa: F401  (registers the restriction commands)
 from .common import (
     AgentOpt,
     JsonOpt,
@@ -100,6 +101,9 @@ def remember(
     receipt_file: Annotated[
         Path | None, typer.Option("--receipt", help="Also write a signed write receipt to this file.")
     ] = None,
+    for_legal_claim: Annotated[
+        bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
+    ] = False,
     user: UserOpt = "default",
     agent: AgentOpt = "",
     run: RunOpt = "",
@@ -122,6 +126,7 @@ def remember(
             confidence=confidence,
             derived_from=derived_from or (),
             expires_at=expires,
+            for_legal_claim=for_legal_claim,
         )
         if receipt_file is not None:
             write_output(
@@ -246,6 +251,9 @@ def rectify(
     erase_previous: Annotated[
         bool, typer.Option("--erase-previous", help="Hard-delete the inaccurate earlier values.")
     ] = False,
+    for_legal_claim: Annotated[
+        bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
+    ] = False,
     user: UserOpt = "default",
     agent: AgentOpt = "",
     run: RunOpt = "",
@@ -260,6 +268,7 @@ def rectify(
             actor=actor or f"cli:{getpass.getuser()}",
             space=Space(user, agent, run),
             erase_previous=erase_previous,
+            for_legal_claim=for_legal_claim,
         )
     if as_json:
         emit(record.to_json())

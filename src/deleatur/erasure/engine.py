@@ -148,6 +148,8 @@ def erase(
             if subject_ref is not None and canonical is not None:
                 pseudonym = memory.keys.pseudonym(memory.tenant, subject_ref, canonical)
             memory._purge(memory.backend.rows(memory.tenant, plan.ids))
+            for ref in destroy:
+                memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
             now = memory._clock()
             first = memory.backend.log_size()
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}

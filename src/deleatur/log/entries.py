@@ -36,6 +36,9 @@ class EventType(enum.StrEnum):
     TOMBSTONE = "tombstone"
     #: The erasure request itself: request id, basis, counts.
     ERASURE = "erasure"
+    #: Restriction of processing set or lifted (Art. 18), the subject as a pseudonym.
+    RESTRICT = "restrict"
+    UNRESTRICT = "unrestrict"
 
 
 def commitment(nonce: bytes, key: str | None, text: str) -> bytes:

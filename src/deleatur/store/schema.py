@@ -109,8 +109,23 @@ def _v3(conn: apsw.Connection) -> None:
         conn.execute(sql).fetchall()
 
 
+def _v4(conn: apsw.Connection) -> None:
+    """Restriction of processing (Art. 18): the reason is encrypted under the subject's key."""
+    conn.execute(
+        """CREATE TABLE restrictions(
+            tenant TEXT NOT NULL,
+            subject_ref BLOB NOT NULL,
+            pseudonym TEXT NOT NULL,
+            reason BLOB NOT NULL,
+            actor TEXT NOT NULL,
+            since INTEGER NOT NULL,
+            PRIMARY KEY (tenant, subject_ref)
+        ) WITHOUT ROWID"""
+    ).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

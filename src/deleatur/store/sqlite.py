@@ -174,8 +174,9 @@ class SQLiteBackend:
             " FROM ft JOIN records r ON r.rowid = ft.rowid"
             f" WHERE ft MATCH ? AND {_SPACE} AND r.status = 'ACTIVE'"
             " AND (r.expires_at IS NULL OR r.expires_at > ?)"
+            " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
             " ORDER BY score LIMIT ?",
-            (fts_query, *_space_args(tenant, space), now, limit),
+            (fts_query, *_space_args(tenant, space), now, tenant, limit),
         ).fetchall()
         # FTS5's bm25() is "lower is better"; callers get "higher is better".
         return [(_row(r[:16]), -float(r[16] or 0.0)) for r in rows]
@@ -301,6 +302,29 @@ class SQLiteBackend:
             return "confirmation token was issued for a different erasure (the blast radius changed)"
         self._conn.execute("UPDATE erasure_confirmations SET used_at = ? WHERE token_hash = ?", (now, token_hash))
         return None
+
+    def put_restriction(self, row: Mapping[str, Any]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO restrictions(tenant, subject_ref, pseudonym, reason, actor, since)"
+            " VALUES (:tenant, :subject_ref, :pseudonym, :reason, :actor, :since)",
+            dict(row),
+        )
+
+    def delete_restriction(self, tenant: str, subject_ref: bytes) -> bool:
+        return (
+            self._conn.execute(
+                "DELETE FROM restrictions WHERE tenant = ? AND subject_ref = ? RETURNING 1", (tenant, subject_ref)
+            ).fetchone()
+            is not None
+        )
+
+    def restrictions(self, tenant: str, subject_ref: bytes | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT tenant, subject_ref, pseudonym, reason, actor, since FROM restrictions WHERE tenant = ?"
+        args: tuple[Any, ...] = (tenant,)
+        if subject_ref is not None:
+            sql, args = sql + " AND subject_ref = ?", (tenant, subject_ref)
+        names = ("tenant", "subject_ref", "pseudonym", "reason", "actor", "since")
+        return [dict(zip(names, row, strict=True)) for row in self._conn.execute(sql + " ORDER BY since", args)]
 
     def purge(self, record_ids: Iterable[str]) -> int:
         count = 0

@@ -1,0 +1,114 @@
+"""Restriction of processing (Art. 18).
+
+A restricted subject's records are kept, still readable by id and listable (the
+subject keeps the right of access), but never recalled, and new writes about the
+subject are refused unless the caller says they serve a legal claim
+(Art. 18(2)). Setting and lifting a restriction are log entries that name the
+subject only by a pseudonym keyed by its data key. The reason is stored
+encrypted under that key, so erasing the subject erases the reason too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cryptography.exceptions import InvalidTag
+
+from ..clock import isoformat
+from ..crypto.keystore import _frame
+from ..errors import IntegrityError, InvalidInputError, NotFoundError
+from ..log.entries import Entry, EventType
+from ..model import canonical_subject
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+_NONCE = 12
+
+
+class RestrictedSubjectError(InvalidInputError):
+    """Processing of this subject is restricted (Art. 18)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    subject: str  # the pseudonym
+    reason: str | None  # None once the subject's key is gone
+    actor: str
+    since: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subject": self.subject, "reason": self.reason, "actor": self.actor, "since": isoformat(self.since)}
+
+
+def _aad(memory: Memory, subject_ref: bytes) -> bytes:
+    return _frame(("deleatur/restriction/v1", memory.backend.store_id, memory.tenant, subject_ref))
+
+
+def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restriction:
+    canonical = canonical_subject(subject)
+    if not reason.strip():
+        raise InvalidInputError("a restriction needs a reason")
+    if not actor.strip():
+        raise InvalidInputError("a restriction needs an actor")
+    ref = memory._subject_ref(canonical)
+    aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
+    pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
+    assert pseudonym is not None
+    nonce = memory._random(_NONCE)
+    now = memory._clock()
+    sealed = nonce + aead.encrypt(nonce, reason.strip().encode("utf-8"), _aad(memory, ref))
+    with memory._logged() as events:
+        memory.backend.put_restriction(
+            {
+                "tenant": memory.tenant,
+                "subject_ref": ref,
+                "pseudonym": pseudonym,
+                "reason": sealed,
+                "actor": actor.strip(),
+                "since": now,
+            }
+        )
+        fields = {"tenant": memory.tenant, "subject": pseudonym, "actor": actor.strip()}
+        events.append((Entry(EventType.RESTRICT, now, fields), None))
+    return Restriction(pseudonym, reason.strip(), actor.strip(), now)
+
+
+def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
+    canonical = canonical_subject(subject)
+    ref = memory._subject_ref(canonical)
+    with memory._logged() as events:
+        found = memory.backend.restrictions(memory.tenant, ref)
+        if not found or not memory.backend.delete_restriction(memory.tenant, ref):
+            raise NotFoundError("this subject is not restricted")
+        now = memory._clock()
+        fields = {"tenant": memory.tenant, "subject": str(found[0]["pseudonym"]), "actor": actor.strip()}
+        events.append((Entry(EventType.UNRESTRICT, now, fields), None))
+    memory.backend.scrub()
+
+
+def check_writable(memory: Memory, subject_refs: list[bytes], *, for_legal_claim: bool) -> None:
+    if for_legal_claim:
+        return
+    for ref in subject_refs:
+        if memory.backend.restrictions(memory.tenant, ref):
+            raise RestrictedSubjectError(
+                "processing of this subject is restricted (Art. 18); a write serving a legal claim must say so "
+                "(for_legal_claim / --for-legal-claim)"
+            )
+
+
+def restrictions(memory: Memory) -> list[Restriction]:
+    out = []
+    for row in memory.backend.restrictions(memory.tenant):
+        ref, sealed = bytes(row["subject_ref"]), bytes(row["reason"])
+        reason = None
+        if memory.keys.has_key(memory.tenant, ref):
+            aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
+            try:
+                reason = aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], _aad(memory, ref)).decode()
+            except InvalidTag:
+                raise IntegrityError("a restriction's reason failed authentication") from None
+        out.append(Restriction(str(row["pseudonym"]), reason, str(row["actor"]), int(row["since"])))
+    return out

@@ -1,0 +1,77 @@
+"""Restriction of processing (Art. 18)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deleatur import Memory, NotFoundError
+from deleatur.log.entries import Entry, EventType
+from deleatur.rights.restriction import RestrictedSubjectError
+
+from .conftest import Cli, store_files
+
+
+def test_restricted_records_are_kept_but_not_recalled_or_written(memory: Memory) -> None:
+    kept = memory.remember("Alice likes tea", subject="Alice", key="alice::drink")
+    memory.remember("Bob likes tea", subject="Bob")
+    restriction = memory.restrict("ALICE", reason="accuracy contested by the subject", actor="dpo")
+    assert restriction.subject.startswith("psn:")
+    assert [h.record.subject for h in memory.recall("tea")] == ["bob"]
+    assert memory.get(kept.id).text == "Alice likes tea"  # access stays
+    assert len(list(memory.list(subject="alice"))) == 1
+    with pytest.raises(RestrictedSubjectError, match=r"Art\. 18"):
+        memory.remember("Alice likes coffee", subject="Alice")
+    with pytest.raises(RestrictedSubjectError):
+        memory.rectify("alice::drink", "Alice likes water", reason="r", actor="a")
+    claim = memory.remember("Alice's claim evidence", subject="Alice", for_legal_claim=True)
+    assert memory.get(claim.id).text == "Alice's claim evidence"
+    memory.unrestrict("alice", actor="dpo")
+    assert {h.record.subject for h in memory.recall("tea")} == {"alice", "bob"}
+    memory.remember("Alice likes coffee", subject="Alice")
+    with pytest.raises(NotFoundError, match="not restricted"):
+        memory.unrestrict("alice", actor="dpo")
+
+
+def test_restrictions_are_logged_by_pseudonym_and_reason_is_encrypted(memory: Memory, store_path: Path) -> None:
+    memory.remember("x", subject="Alice Quartermain")
+    memory.restrict("Alice Quartermain", reason="zanzibarquokka dispute", actor="dpo")
+    [listed] = memory.restrictions()
+    assert listed.reason == "zanzibarquokka dispute"
+    entries = [Entry.decode(raw) for _, raw in memory.backend.log_entries()]
+    assert entries[-1].type is EventType.RESTRICT
+    assert entries[-1].fields["subject"] == listed.subject
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path)).lower()
+    assert b"zanzibarquokka" not in blob
+    assert b"quartermain" not in blob
+    assert memory.verify_log().ok
+
+
+def test_erasure_takes_the_restriction_with_it(memory: Memory) -> None:
+    memory.remember("x", subject="Alice")
+    memory.restrict("Alice", reason="objection", actor="dpo")
+    memory.erase("Alice", request_id="DSAR-1", basis="Art. 17(1)(c)", requester="dpo")
+    assert memory.restrictions() == []
+    memory.remember("Alice again, later", subject="Alice")  # a new subject key, no restriction
+
+
+def test_restriction_cli(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init")[0] == 0
+    cli("remember", "Alice likes tea", "-s", "Alice")
+    code, out, _ = cli("restrict", "Alice", "--reason", "contested", "--json")
+    assert code == 0
+    assert json.loads(out)["reason"] == "contested"
+    code, _, err = cli("remember", "more", "-s", "alice")
+    assert code == 2
+    assert "restricted" in err
+    assert cli("remember", "evidence", "-s", "alice", "--for-legal-claim")[0] == 0
+    code, out, _ = cli("recall", "tea", "--json")
+    assert json.loads(out) == []
+    code, out, _ = cli("restrictions", "--json")
+    assert len(json.loads(out)) == 1
+    assert cli("unrestrict", "Alice")[0] == 0
+    code, out, _ = cli("recall", "tea", "--json")
+    assert len(json.loads(out)) == 1
