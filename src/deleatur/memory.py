@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TextIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -54,6 +54,7 @@ from .model import (
     canonical_subject,
     validate_text,
 )
+from .rights.export import export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
@@ -664,7 +665,7 @@ class Memory:
                 row = found
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
-            events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), None))
+            events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
         return self.get(row.id, space=space)
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:
@@ -765,6 +766,16 @@ class Memory:
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:
         """Live records not tagged with ``subject`` that mention one of its identifiers."""
         return scan(self, subject, builtins.list(identifiers))
+
+    # -- access and portability (Art. 15, 20) ---------------------------------------
+
+    def export_json(self, out: TextIO, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
+        """Stream everything held about a subject or a user as JSON (``deleatur-export/v1``)."""
+        return export_json(self, out, subject=subject, user_id=user_id)
+
+    def export_csv(self, directory: Path, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
+        """The same export as a CSV bundle in an empty directory."""
+        return export_csv(self, directory, subject=subject, user_id=user_id)
 
     # -- restriction (Art. 18) ------------------------------------------------------
 

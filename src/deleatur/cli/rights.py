@@ -1,13 +1,16 @@
-"""Restriction commands (Art. 18)."""
+"""Rights commands: restriction (Art. 18), export (Art. 15/20)."""
 
 from __future__ import annotations
 
 import getpass
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from ..errors import InvalidInputError
 from .common import JsonOpt, app, emit, open_memory, out
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
@@ -51,3 +54,28 @@ def restrictions(as_json: JsonOpt = False) -> None:
     for r in rows:
         table.add_row(r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
     out.print(table)
+
+
+@app.command()
+def export(
+    subject: Annotated[str | None, typer.Option("--subject", "-s", help="Everything about this subject.")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Everything in this user's spaces.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="json, or csv (a directory bundle).")] = "json",
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="File (json) or empty directory (csv).")] = None,
+) -> None:
+    """Art. 15/20: stream everything held about a subject or a user, untruncated."""
+    if fmt not in ("json", "csv"):
+        raise InvalidInputError("--format must be json or csv")
+    if fmt == "csv" and out_path is None:
+        raise InvalidInputError("a csv export needs --out DIRECTORY")
+    with open_memory() as memory:
+        if fmt == "csv":
+            assert out_path is not None
+            counts = memory.export_csv(out_path, subject=subject, user_id=user)
+        elif out_path is None:
+            counts = memory.export_json(sys.stdout, subject=subject, user_id=user)
+        else:
+            with out_path.open("w", encoding="utf-8") as handle:
+                counts = memory.export_json(handle, subject=subject, user_id=user)
+    if out_path is not None:
+        out.print(f"exported {counts['records']} record(s), {counts['log_entries']} log entries -> {out_path}")

@@ -39,6 +39,8 @@ class EventType(enum.StrEnum):
     #: Restriction of processing set or lifted (Art. 18), the subject as a pseudonym.
     RESTRICT = "restrict"
     UNRESTRICT = "unrestrict"
+    #: An Art. 15/20 export: what kind (subject or user) and how many records.
+    EXPORT = "export"
 
 
 def commitment(nonce: bytes, key: str | None, text: str) -> bytes:

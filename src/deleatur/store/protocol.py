@@ -135,6 +135,10 @@ class Backend(Protocol):
 
     def log_indexes_of(self, record_id: str) -> list[int]: ...
 
+    def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:
+        """(record id, index, entry) of every log entry naming one of ``record_ids``."""
+        ...
+
     def put_checkpoint(self, size: int, note: str) -> None: ...
 
     def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:

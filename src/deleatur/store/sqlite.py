@@ -383,6 +383,17 @@ class SQLiteBackend:
         for idx, entry in rows:
             yield int(idx), bytes(entry)
 
+    def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:
+        for start in range(0, len(record_ids), 500):
+            chunk = record_ids[start : start + 500]
+            rows = self._conn.execute(
+                f"SELECT record_id, idx, entry FROM log_entries WHERE record_id IN ({', '.join('?' * len(chunk))})"
+                " ORDER BY idx",
+                tuple(chunk),
+            )
+            for record_id, idx, entry in rows:
+                yield str(record_id), int(idx), bytes(entry)
+
     def log_indexes_of(self, record_id: str) -> list[int]:
         return [
             int(r[0])

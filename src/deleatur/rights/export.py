@@ -1,0 +1,177 @@
+"""Access and portability (Art. 15 and 20): everything held about a subject or a user.
+
+The export is streamed (records are read, decrypted and written one batch at a
+time, never all held in memory) and never truncated. Two formats:
+
+* JSON, schema ``deleatur-export/v1``::
+
+    {"format": "deleatur-export/v1", "exported_at": ..., "tenant": ..., "scope": {...},
+     "records": [ {<record, as `deleatur get --json` prints it>,
+                   "log": [{"index": n, "entry": {<the record's log entries>}}]}, ... ],
+     "erasure_requests": [...], "restrictions": [...],
+     "counts": {"records": n, "log_entries": m}}
+
+* a CSV bundle: a directory with ``records.csv``, ``log.csv``,
+  ``erasure_requests.csv``, ``restrictions.csv`` and ``manifest.json`` (format,
+  scope and counts).
+
+The export itself is logged (what kind, how many records; no name).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..clock import isoformat
+from ..errors import InvalidInputError
+from ..log.entries import Entry, EventType
+from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject
+from ..store.protocol import StoredRow
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+FORMAT = "deleatur-export/v1"
+_BATCH = 500
+RECORD_COLUMNS = (
+    "id",
+    "tenant",
+    "user_id",
+    "agent_id",
+    "run_id",
+    "subject",
+    "subject_original",
+    "key",
+    "text",
+    "metadata",
+    "source",
+    "confidence",
+    "derived_from",
+    "status",
+    "supersedes",
+    "reason",
+    "actor",
+    "created_at",
+    "updated_at",
+    "expires_at",
+)
+
+
+class _Export:
+    def __init__(self, memory: Memory, *, subject: str | None, user_id: str | None) -> None:
+        if (subject is None) == (user_id is None):
+            raise InvalidInputError("an export needs exactly one of a subject or a user id")
+        self.memory = memory
+        self.subject = None if subject is None else canonical_subject(subject)
+        self.ref = None if self.subject is None else memory._subject_ref(self.subject)
+        self.scope = EVERYWHERE if user_id is None else SpaceFilter(user_id=user_id)
+        self.records = 0
+        self.log_entries = 0
+
+    def scope_json(self) -> dict[str, Any]:
+        return {"subject": self.subject, "user_id": self.scope.user_id}
+
+    def batches(self) -> Iterator[list[tuple[Record, list[dict[str, Any]]]]]:
+        rows = self.memory.backend.select_any(self.memory.tenant, self.scope, subject_ref=self.ref)
+        batch: list[StoredRow] = []
+        for row in rows:
+            batch.append(row)
+            if len(batch) == _BATCH:
+                yield self._decrypted(batch)
+                batch = []
+        if batch:
+            yield self._decrypted(batch)
+
+    def _decrypted(self, rows: list[StoredRow]) -> list[tuple[Record, list[dict[str, Any]]]]:
+        log: dict[str, list[dict[str, Any]]] = {r.id: [] for r in rows}
+        for record_id, index, raw in self.memory.backend.log_of_records([r.id for r in rows]):
+            entry = Entry.decode(raw)
+            log[record_id].append({"index": index, "entry": json.loads(entry.encode())})
+        self.records += len(rows)
+        self.log_entries += sum(len(v) for v in log.values())
+        return [(self.memory._decrypt(r), log[r.id]) for r in rows]
+
+    def requests(self) -> list[dict[str, Any]]:
+        now = self.memory._clock()
+        return [
+            r.to_json(now) for r in self.memory.erasure_requests() if self.ref is not None and r.subject_ref == self.ref
+        ]
+
+    def restrictions(self) -> list[dict[str, Any]]:
+        if self.ref is None:
+            return []
+        pseudonym = self.memory.keys.pseudonym(self.memory.tenant, self.ref, self.subject or "")
+        return [r.to_json() for r in self.memory.restrictions() if r.subject == pseudonym]
+
+    def audit(self) -> None:
+        fields: dict[str, object] = {"tenant": self.memory.tenant, "kind": "subject" if self.ref else "user"}
+        fields["records"] = self.records
+        with self.memory._logged() as events:
+            events.append((Entry(EventType.EXPORT, self.memory._clock(), fields), None))
+
+    def counts(self) -> dict[str, int]:
+        return {"records": self.records, "log_entries": self.log_entries}
+
+
+def export_json(
+    memory: Memory, out: TextIO, *, subject: str | None = None, user_id: str | None = None
+) -> dict[str, int]:
+    job = _Export(memory, subject=subject, user_id=user_id)
+    head = {"format": FORMAT, "exported_at": isoformat(memory._clock()), "tenant": memory.tenant}
+    out.write(json.dumps(head, ensure_ascii=False)[:-1])
+    out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
+    first = True
+    for batch in job.batches():
+        for record, log in batch:
+            out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
+            first = False
+    out.write('], "erasure_requests": ' + json.dumps(job.requests(), ensure_ascii=False))
+    out.write(', "restrictions": ' + json.dumps(job.restrictions(), ensure_ascii=False))
+    out.write(', "counts": ' + json.dumps(job.counts()) + "}\n")
+    job.audit()
+    return job.counts()
+
+
+def export_csv(
+    memory: Memory, directory: Path, *, subject: str | None = None, user_id: str | None = None
+) -> dict[str, int]:
+    job = _Export(memory, subject=subject, user_id=user_id)
+    if directory.exists() and any(directory.iterdir()):
+        raise InvalidInputError(f"{directory} is not empty; refusing to mix exports")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with (
+        (directory / "records.csv").open("w", newline="", encoding="utf-8") as rec_file,
+        (directory / "log.csv").open("w", newline="", encoding="utf-8") as log_file,
+    ):
+        records = csv.DictWriter(rec_file, fieldnames=RECORD_COLUMNS)
+        log = csv.writer(log_file)
+        records.writeheader()
+        log.writerow(["record_id", "index", "entry"])
+        for batch in job.batches():
+            for record, entries in batch:
+                row = record.to_json()
+                row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
+                row["derived_from"] = " ".join(row["derived_from"])
+                records.writerow(row)
+                for item in entries:
+                    log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
+    _write_table(directory / "erasure_requests.csv", job.requests())
+    _write_table(directory / "restrictions.csv", job.restrictions())
+    manifest = {"format": FORMAT, "tenant": memory.tenant, "scope": job.scope_json(), "counts": job.counts()}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    job.audit()
+    return job.counts()
+
+
+def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        if not rows:
+            return
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
