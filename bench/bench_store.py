@@ -12,7 +12,12 @@ The synthetic workload: a vocabulary of ``--vocab`` pseudo-words drawn with a Zi
 (s=1) distribution, 8-20 words per record, ~100 subjects (also Zipf), five spaces
 (user ids) of which one holds 80% of the records, and a small share of records
 written under a fact key (so some writes supersede an earlier value). Queries are
-1-3 words drawn from the same vocabulary and distribution, in the same space mix.
+1-3 words drawn from the same vocabulary and distribution, in the same space mix
+(a second mix draws them uniformly, so mostly rare words).
+
+Stores are made with ``Memory.open(..., create=True)``, which gives them no signing
+key; ``--signed`` uses ``Memory.init`` instead, so every write transaction also
+signs a log checkpoint (what a store made by ``deleatur init`` does).
 """
 
 from __future__ import annotations
@@ -110,9 +115,14 @@ class Corpus:
         key = f"{subject.split()[0].lower()}::attr{self.rng.randrange(50)}" if self.rng.random() < self.keyed else None
         return self.text(), subject, key
 
-    def query(self) -> tuple[str, Space]:
+    def query(self, *, uniform: bool = False) -> tuple[str, Space]:
         count = self.rng.randint(1, 3)
-        return " ".join(self.rng.choices(self.words, cum_weights=self.word_cum, k=count)), self.space()
+        words = (
+            self.rng.choices(self.words, k=count)
+            if uniform
+            else self.rng.choices(self.words, cum_weights=self.word_cum, k=count)
+        )
+        return " ".join(words), self.space()
 
 
 # -- measuring ---------------------------------------------------------------------
@@ -124,7 +134,9 @@ def percentile(values: Sequence[float], pct: float) -> float:
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def open_store(path: Path) -> Memory:
+def open_store(path: Path, *, signed: bool = False) -> Memory:
+    if signed:
+        return Memory.init(path, MASTER)[0]
     return Memory.open(path, MASTER, create=True)
 
 
@@ -171,8 +183,8 @@ def time_remember(mem: Memory, corpus: Corpus, calls: int) -> dict[str, float]:
     }
 
 
-def time_recall(mem: Memory, corpus: Corpus, queries: int) -> dict[str, float]:
-    asked = [corpus.query() for _ in range(queries)]
+def time_recall(mem: Memory, corpus: Corpus, queries: int, *, uniform: bool = False) -> dict[str, float]:
+    asked = [corpus.query(uniform=uniform) for _ in range(queries)]
     latencies: list[float] = []
     hits = 0
     for text, space in asked:
@@ -180,11 +192,12 @@ def time_recall(mem: Memory, corpus: Corpus, queries: int) -> dict[str, float]:
         found = mem.recall(text, space=space, limit=10)
         latencies.append((time.perf_counter_ns() - t0) / 1e6)
         hits += len(found)
+    prefix = "recall_uniform" if uniform else "recall"
     return {
-        "recall_p50_ms": statistics.median(latencies),
-        "recall_p99_ms": percentile(latencies, 99),
-        "recall_max_ms": max(latencies),
-        "recall_mean_hits": hits / queries,
+        f"{prefix}_p50_ms": statistics.median(latencies),
+        f"{prefix}_p99_ms": percentile(latencies, 99),
+        f"{prefix}_max_ms": max(latencies),
+        f"{prefix}_mean_hits": hits / queries,
     }
 
 
@@ -206,7 +219,7 @@ def checkpoint_size(store: Path) -> int:
 def run_once(workdir: Path, sizes: Sequence[int], args: argparse.Namespace, seed: int) -> dict[str, Any]:
     corpus = Corpus(seed, args.vocab, args.subjects, args.keyed)
     store = workdir / "store.db"
-    mem = open_store(store)
+    mem = open_store(store, signed=args.signed)
     count = 0
     per_size: dict[str, dict[str, float]] = {}
     try:
@@ -222,6 +235,7 @@ def run_once(workdir: Path, sizes: Sequence[int], args: argparse.Namespace, seed
                 "store_bytes_per_record": checkpoint_size(store) / count,
             }
             figures |= time_recall(mem, corpus, args.queries)
+            figures |= time_recall(mem, corpus, args.queries, uniform=True)
             figures |= time_remember(mem, corpus, args.calls)
             count += args.calls
             per_size[str(size)] = figures
@@ -245,7 +259,7 @@ def rss_child(n: int, workdir: Path, args: argparse.Namespace) -> dict[str, Any]
     after_import = _vmhwm_kib()
     corpus = Corpus(args.seed, args.vocab, args.subjects, args.keyed)
     store = workdir / "store.db"
-    mem = open_store(store)
+    mem = open_store(store, signed=args.signed)
     try:
         start = time.perf_counter()
         times = write_batches(mem, corpus, 0, n)
@@ -256,8 +270,10 @@ def rss_child(n: int, workdir: Path, args: argparse.Namespace) -> dict[str, Any]
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "records": n,
-        "peak_rss_mb": usage.ru_maxrss / 1024,  # KiB on Linux
-        "vmhwm_mb": _vmhwm_kib() / 1024,
+        # VmHWM: this process image's own peak RSS. ru_maxrss (KiB on Linux) survives
+        # execve, so it also counts the parent's RSS at fork time: an upper bound only.
+        "peak_rss_mb": _vmhwm_kib() / 1024,
+        "ru_maxrss_mb": usage.ru_maxrss / 1024,
         "rss_after_import_mb": after_import / 1024,
         "write_wall_s": write_s,
         "remember_many_per_s": times.records / times.call_s,
@@ -285,6 +301,7 @@ def run_rss(n: int, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
         str(args.keyed),
         "--seed",
         str(args.seed),
+        *(["--signed"] if args.signed else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(done.stdout)
@@ -292,6 +309,21 @@ def run_rss(n: int, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- reporting -----------------------------------------------------------------------
+
+
+def revision() -> str | None:
+    """The git commit of the deleatur imported, with "+dirty" if its src/ has uncommitted changes."""
+    root = Path(deleatur.__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict[str, Any]:
@@ -308,6 +340,8 @@ def machine() -> dict[str, Any]:
         "apsw": apsw.apsw_version(),
         "platform": platform.platform(),
         "deleatur": deleatur.__version__,
+        "deleatur_path": str(Path(deleatur.__file__).resolve().parent),
+        "revision": revision(),
     }
 
 
@@ -334,7 +368,16 @@ def _fmt(value: float) -> str:
 def table(result: dict[str, Any]) -> Iterator[str]:
     m = result["machine"]
     yield f"machine: {m['nproc']} CPU(s), {m['cpu']}; Python {m['python']}; SQLite {m['sqlite']}"
-    yield f"runs: {result['config']['repeat']} (medians of the runs below); {result['date']}"
+    c = result["config"]
+    yield f"deleatur {m['deleatur']} at {m['revision']} ({m['deleatur_path']}); started {result['date']}"
+    yield "load average (1, 5, 15 min) at start {}, at end {}".format(
+        *(", ".join(f"{x:.2f}" for x in m[k]) for k in ("loadavg_at_start", "loadavg_at_end"))
+    )
+    yield (
+        f"runs: {c['repeat']} (medians); keyed share {c['keyed']};"
+        f" signed checkpoints: {'yes' if c['signed'] else 'no'};"
+        f" {c['calls']} remember calls, {c['queries']} queries per mix and size"
+    )
     yield ""
     sizes = list(result["median"])
     labels = [f"{int(s) // 1000}k" for s in sizes]
@@ -348,6 +391,8 @@ def table(result: dict[str, Any]) -> Iterator[str]:
         ("recall p99 ms", "recall_p99_ms"),
         ("recall max ms", "recall_max_ms"),
         ("recall mean hits (limit 10)", "recall_mean_hits"),
+        ("recall p50 ms, uniform-term queries", "recall_uniform_p50_ms"),
+        ("recall p99 ms, uniform-term queries", "recall_uniform_p99_ms"),
         ("store bytes/record", "store_bytes_per_record"),
     ]
     head = f"{'metric':<44}" + "".join(f"{lab:>12}" for lab in labels) + f"{'ratio':>8}  {'target':<12}met"
@@ -370,23 +415,25 @@ def table(result: dict[str, Any]) -> Iterator[str]:
     if result["rss"]:
         yield ""
         yield (
-            f"{'peak RSS, fresh process (write N, then recall)':<48}{'peak MB':>9}{'VmHWM MB':>10}"
+            f"{'peak RSS, fresh process (write N, then recall)':<48}{'VmHWM MB':>9}{'maxrss':>10}"
             f"{'writes/s':>10}{'p50 ms':>8}{'p99 ms':>8}{'B/rec':>7}  target"
         )
         for r in result["rss"]:
             verdict = "yes" if met("peak_rss_mb", r["peak_rss_mb"]) else "NO"
             yield (
-                f"{'  N = ' + format(r['records'], ','):<48}{r['peak_rss_mb']:>9.1f}{r['vmhwm_mb']:>10.1f}"
+                f"{'  N = ' + format(r['records'], ','):<48}{r['peak_rss_mb']:>9.1f}{r['ru_maxrss_mb']:>10.1f}"
                 f"{r['remember_many_per_s']:>10,.0f}{r['recall_p50_ms']:>8.2f}{r['recall_p99_ms']:>8.2f}"
                 f"{r['store_bytes_per_record']:>7.0f}  <= 150 MB: {verdict}"
             )
-        yield f"  (RSS after imports alone: {result['rss'][0]['rss_after_import_mb']:.1f} MB)"
+        yield f"  (VmHWM after imports alone: {result['rss'][0]['rss_after_import_mb']:.1f} MB; maxrss = ru_maxrss,"
+        yield "   which on Linux also counts the benchmark parent's RSS at fork: an upper bound)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="keep the stores in a new directory under DIR (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--save", type=Path, help="also write the JSON result to this file")
     parser.add_argument("--million", action="store_true", help="also measure peak RSS at N = 1,000,000 (minutes)")
     parser.add_argument("--sizes", default="10000,100000", help="store sizes to measure at (default 10000,100000)")
     parser.add_argument("--repeat", type=int, default=3, help="independent runs; medians are reported (default 3)")
@@ -394,8 +441,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=1_000, help="recall() queries per size")
     parser.add_argument("--vocab", type=int, default=5_000, help="vocabulary size (default 5000)")
     parser.add_argument("--subjects", type=int, default=100, help="number of subjects (default 100)")
-    parser.add_argument("--keyed", type=float, default=0.05, help="share of records written under a fact key")
+    parser.add_argument(
+        "--keyed", type=float, default=0.0, help="share of records written under a fact key (default 0; try 0.05)"
+    )
     parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--signed", action="store_true", help="make stores with Memory.init (signed checkpoints)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocess runs")
     parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -407,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rss_child(args.rss_child, args.out, args)))
         return 0
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    host = machine() | {"loadavg_at_start": os.getloadavg()}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.out))
@@ -426,8 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out is None:
             shutil.rmtree(base, ignore_errors=True)
     result: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
+        "date": started,
+        "machine": host | {"loadavg_at_end": os.getloadavg()},
         "config": {
             "sizes": sizes,
             "repeat": args.repeat,
@@ -440,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "keyed": args.keyed,
             "space_weights": SPACE_WEIGHTS,
             "seed": args.seed,
+            "signed": args.signed,
             "out": None if args.out is None else str(base),
         },
         "targets": {k: {"op": op, "value": v} for k, (op, v) in TARGETS.items()},
@@ -447,6 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": runs,
         "rss": rss,
     }
+    if args.save is not None:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
