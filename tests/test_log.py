@@ -299,3 +299,30 @@ def test_malformed_notes_are_refused() -> None:
         Checkpoint.parse("origin\n1\nroot")
     with pytest.raises(NoteError, match="leading zeroes"):
         Checkpoint.parse(f"origin\n01\n{base64.b64encode(bytes(32)).decode()}\n")
+
+
+def test_a_forged_chain_that_endorses_the_pinned_key_fails(memory: Memory) -> None:
+    """Someone who edits the database and knows only the public key rewrites the log:
+    their own key first, the real key 'endorsed' by it, every checkpoint signed by
+    their key. Pinned to the real key, verification must fail."""
+    from deleatur.log.note import Verifier
+
+    real = memory.log.verifiers()[0]
+    memory.remember("x", subject="a")
+    conn = _conn(memory)
+    for table in ("log_entries", "log_nodes", "log_checkpoints", "signing_keys"):
+        conn.execute(f"DELETE FROM {table}")
+    fake = Signer.generate(memory.log.origin)
+
+    class PublicOnly:
+        def __init__(self, verifier: Verifier) -> None:
+            self.verifier = verifier
+            self.key_id = verifier.key_id
+
+    memory.log.signer = fake
+    with memory.backend.atomic():
+        memory.log.announce_key(fake, previous=None)
+        memory.log.announce_key(PublicOnly(real), previous=fake)  # type: ignore[arg-type]
+        memory.log.append([(Entry(EventType.WRITE, 1, {"record": "forged", "tenant": "default"}), None)])
+        memory.log.checkpoint()
+    assert _failed(memory, pinned_keys=[real]) == ["signatures"]

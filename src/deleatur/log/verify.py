@@ -110,13 +110,11 @@ def verify_log(
 
     report.add("entries", entry_problem is None, entry_problem or f"{size} entries, indexes contiguous, all canonical")
 
+    pinned_at = -1
     if pinned_keys:
-        first = keys[0][1] if keys else None
-        pinned_ok = first is not None and any(first.vkey == p.vkey for p in pinned_keys)
-        if not pinned_ok and first is not None:
-            # A pinned key that appears later in the chain (a rotated-to key) also anchors trust.
-            pinned_ok = any(k.vkey == p.vkey for _, k in keys for p in pinned_keys)
-        if key_problem is None and not pinned_ok:
+        # Trust starts at the pinned key; keys announced before it are not vouched for.
+        pinned_at = next((at for at, k in keys if any(k.vkey == p.vkey for p in pinned_keys)), -2)
+        if key_problem is None and pinned_at == -2:
             key_problem = "no key in the log's key chain is the pinned key"
     elif not keys and key_problem is None:
         key_problem = "the log announces no signing key"
@@ -124,13 +122,15 @@ def verify_log(
 
     sig_problem = parse_problem
     for cp_size, note in notes_by_size.items():
-        # A checkpoint may be signed by any key announced before it; the chain itself
-        # was checked (and tied to the pinned key) above.
-        candidates = [k for at, k in keys if at < cp_size]
+        # Each checkpoint must carry the signature of the key current at its size (the
+        # last announced before it): a retired key cannot sign later trees. Checkpoints
+        # after the pinned key's announcement are thereby signed by the pinned key or
+        # a key it endorsed; earlier ones are prefixes of those, re-derived above.
+        current = [k for at, k in keys if at < cp_size][-1:]
         try:
             Checkpoint.parse(note.text)
-            if not any(v.matches(s) and v.verify(note.text, s) for s in note.signatures for v in candidates):
-                raise NoteError("not signed by a key of this log")
+            if not any(v.matches(s) and v.verify(note.text, s) for s in note.signatures for v in current):
+                raise NoteError("not signed by the log's key current at that size")
         except NoteError as exc:
             sig_problem = sig_problem or f"checkpoint of size {cp_size}: {exc.message}"
     report.add("signatures", sig_problem is None, sig_problem or f"{len(notes_by_size)} checkpoint(s) signed")
