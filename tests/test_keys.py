@@ -127,7 +127,7 @@ def test_destroyed_key_makes_old_backups_unreadable(memory: Memory, store_path: 
     shutil.copy(store_path, backup)  # a database backup taken before the erasure
 
     ref = memory._subject_ref("carol")
-    assert memory.keys.destroy(memory.tenant, [ref]) == 1
+    assert memory.keys.destroy_ids(memory.keys.key_ids(memory.tenant, [ref])) == 1
     with pytest.raises(DataKeyDestroyedError):
         memory.get(doomed.id)
 
@@ -145,7 +145,7 @@ def test_destroyed_key_leaves_no_bytes_in_the_key_store(memory: Memory, store_pa
     row = memory.keys._conn.execute("SELECT wrapped FROM data_keys WHERE subject_ref = ?", (ref,)).fetchone()
     assert row is not None
     wrapped = bytes(row[0])
-    memory.keys.destroy(memory.tenant, [ref])
+    memory.keys.destroy_ids(memory.keys.key_ids(memory.tenant, [ref]))
     for path in (keystore_path(store_path), *(Path(str(keystore_path(store_path)) + s) for s in ("-wal", "-shm"))):
         if path.exists():
             data = path.read_bytes()

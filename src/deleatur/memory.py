@@ -25,8 +25,8 @@ from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
 from .erasure.certificate import build_certificate
-from .erasure.engine import ErasureResult, erase, finish_pending, get_request
-from .erasure.requests import ErasureRequest, RequestStatus
+from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
+from .erasure.requests import ErasureRequest
 from .erasure.residue import ResidueHit, scan
 from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundError, StoreError
 from .ids import IdGenerator, is_record_id
@@ -110,11 +110,10 @@ class Memory:
         self.log = TransparencyLog(
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
         )
+        self._keys_announced = bool(backend.signing_keys())
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
-        for row in backend.requests(self.tenant):
-            if row["status"] == RequestStatus.KEYS_PENDING.value:
-                finish_pending(self, ErasureRequest.from_row(row))
+        finish_all_pending(self)
 
     # -- opening -----------------------------------------------------------------
 
@@ -250,6 +249,11 @@ class Memory:
     def _logged(self) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
         """A write transaction whose events are appended to the log, and a checkpoint
         signed, before it commits: the change and its record are one unit."""
+        if self.log.signer is None and self._keys_announced:
+            # Writing on would leave entries no checkpoint covers, and verification failing.
+            raise KeyStoreError(
+                f"the signing key {self.signing_key_path} is missing: this store's log cannot be signed; restore it"
+            )
         events: builtins.list[tuple[Entry, str | None]] = []
         with self.backend.atomic():
             yield events
@@ -269,6 +273,7 @@ class Memory:
                 self.log.signer = signer
                 self.log.announce_key(signer, previous=None)
                 self.log.checkpoint()
+            self._keys_announced = True
         except BaseException:
             self.log.signer = None
             self.signing_key_path.unlink(missing_ok=True)
@@ -477,6 +482,7 @@ class Memory:
         keys = self._data_keys(batch)
         with self._logged() as events:
             check_writable(self, refs, for_legal_claim=for_legal_claim)
+            keys = self._live_keys(keys)
             return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
@@ -489,6 +495,17 @@ class Memory:
                 ref = self._subject_ref(canonical)
                 keys[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
         return keys
+
+    def _live_keys(self, keys: dict[str, tuple[bytes, bytes, AESGCM]]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
+        """Under the write lock: never write under a key an erasure has destroyed or has
+        committed to destroy. Such a key is destroyed now and the subject gets a new one."""
+        pending = pending_key_ids(self)
+        fresh = dict(keys)
+        for canonical, (ref, key_id, _) in keys.items():
+            if key_id in pending or not self.keys.has_key_id(key_id):
+                self.keys.destroy_ids([key_id] if key_id in pending else [])
+                fresh[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
+        return fresh
 
     def _check_lineage(self, batch: list[NewMemory]) -> list[NewMemory]:
         lineage = {parent for item in batch for parent in item.derived_from}
@@ -634,7 +651,7 @@ class Memory:
             record = self._write(
                 item,
                 space,
-                self._data_keys([item]),
+                self._live_keys(self._data_keys([item])),
                 events,
                 reason=reason.strip(),
                 actor=actor.strip(),
@@ -666,6 +683,7 @@ class Memory:
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
+        self.backend.scrub()  # the retired text's index terms leave the -wal too
         return self.get(row.id, space=space)
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:

@@ -62,10 +62,16 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT").fetchall()
 
 
-def scrub(conn: apsw.Connection) -> None:
+def scrub(conn: apsw.Connection) -> bool:
     """Move every committed page into the main file and empty the -wal file, so old
-    page images holding removed data do not linger there."""
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    page images holding removed data do not linger there.
+
+    A reader in another connection holding an older snapshot keeps the -wal from
+    being truncated (SQLite waits for it up to the busy timeout): then this returns
+    False, and the caller must say so rather than claim the -wal is clean.
+    """
+    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+    return busy == 0
 
 
 def sidecar_files(path: Path) -> list[Path]:

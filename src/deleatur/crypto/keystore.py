@@ -223,24 +223,35 @@ class KeyStore:
         secret = _hkdf(raw, b"deleatur/v1/pseudonym")
         return "psn:" + hmac.new(secret, value.encode("utf-8"), sha256).hexdigest()[:32]
 
-    def destroy(self, tenant: str, subject_refs: Iterable[bytes]) -> int:
-        """Crypto-shred subjects: delete their data keys and leave no copy in the -wal."""
-        refs = list(subject_refs)
-        if not refs:
+    def key_ids(self, tenant: str, subject_refs: Iterable[bytes]) -> list[bytes]:
+        """The ids of the subjects' current data keys (the ones an erasure must destroy)."""
+        out = []
+        for ref in subject_refs:
+            row = self._conn.execute(
+                "SELECT key_id FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, ref)
+            ).fetchone()
+            if row is not None:
+                out.append(bytes(row[0]))
+        return out
+
+    def has_key_id(self, key_id: bytes) -> bool:
+        return self._conn.execute("SELECT 1 FROM data_keys WHERE key_id = ?", (key_id,)).fetchone() is not None
+
+    def destroy_ids(self, key_ids: Iterable[bytes]) -> int:
+        """Crypto-shred by key id: a key made for the subject after the erasure is spared."""
+        ids = list(key_ids)
+        if not ids:
             return 0
         with immediate(self._conn):
-            rows = [
-                key_id
-                for ref in refs
-                for (key_id,) in self._conn.execute(
-                    "DELETE FROM data_keys WHERE tenant = ? AND subject_ref = ? RETURNING key_id", (tenant, ref)
-                )
-            ]
-        for key_id in rows:
-            assert isinstance(key_id, bytes)
+            gone = sum(
+                self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()
+                is not None
+                for key_id in ids
+            )
+        for key_id in ids:
             self._by_id.pop(key_id, None)
         scrub(self._conn)
-        return len(rows)
+        return gone
 
     def close(self) -> None:
         self._by_id.clear()

@@ -48,6 +48,8 @@ def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
         raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
     note = memory.checkpoint()
     size = Checkpoint.parse(note.text).size
+    # Truncate the -wal now, so the statement describes the files as they are at issue time.
+    wal_truncated = memory.backend.scrub()
     tombstones = []
     for index in request.tombstones:
         entry = next(raw for _, raw in memory.backend.log_entries(index, index + 1))
@@ -92,6 +94,7 @@ def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
             "key_destroyed": key_destroyed,
             "keys_destroyed": destroyed,
             "subjects": subjects,
+            "wal_truncated": wal_truncated,
         },
         "tombstones": tombstones,
         "checkpoint": note.format(),
@@ -102,6 +105,7 @@ def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
             key_destroyed=key_destroyed,
             kept_elsewhere=request.counts.get("kept_in_other_spaces", 0),
             other_keys_kept=other_keys_kept,
+            wal_truncated=wal_truncated,
         ),
     }
     signature = signer.sign_bytes(signed_message(body))

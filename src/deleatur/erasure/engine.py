@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -35,6 +36,14 @@ class AmbiguousSubjectError(InvalidInputError):
 
 class ConfirmationRequiredError(InvalidInputError):
     """An agent must present the single-use token its dry run returned."""
+
+
+class RequestIdReusedError(InvalidInputError):
+    """A request id already names a different erasure."""
+
+
+class _Repeated(Exception):
+    """Leaves the write transaction (writing nothing) when the request id is already done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +76,31 @@ def get_request(memory: Memory, request_id: str) -> ErasureRequest:
 
 
 def finish_pending(memory: Memory, request: ErasureRequest) -> ErasureRequest:
-    """Destroy the keys a committed erasure left pending, then mark it complete."""
+    """Destroy the keys a committed erasure left pending (by key id: a key made for
+    the subject since is spared), then mark the request complete."""
     if request.status is not RequestStatus.KEYS_PENDING:
         return request
-    destroyed = memory.keys.destroy(memory.tenant, request.pending_keys)
-    counts = {**request.counts, "keys_destroyed": request.counts.get("keys_destroyed", 0) + destroyed}
+    memory.keys.destroy_ids(request.pending_keys)
+    # Counted from what was pending, not from what this call deleted: after a crash
+    # between destruction and this update, the keys are already gone.
+    counts = {**request.counts, "keys_destroyed": len(request.pending_keys)}
     done = replace(request, status=RequestStatus.COMPLETE, completed_at=memory._clock(), counts=counts, pending_keys=())
     with memory.backend.atomic():
-        memory.backend.put_request(done.to_row())
+        memory.backend.put_request(done.to_row(), replace=True)
     return done
+
+
+def finish_all_pending(memory: Memory) -> None:
+    """On open: finish what a crash interrupted, for every tenant, then scrub."""
+    pending = memory.backend.pending_requests()
+    for row in pending:
+        finish_pending(memory, ErasureRequest.from_row(row))
+    if pending:
+        memory.backend.scrub()
+
+
+def pending_key_ids(memory: Memory) -> set[bytes]:
+    return {key for row in memory.backend.pending_requests() for key in ErasureRequest.from_row(row).pending_keys}
 
 
 def erase(
@@ -113,16 +138,23 @@ def erase(
                 )
         return ErasureResult(None, plan, token)
 
-    existing = memory.backend.get_request(memory.tenant, request_id)
-    if existing is not None:
-        earlier = ErasureRequest.from_row(existing)
-        if earlier.status is not RequestStatus.FAILED:
-            return ErasureResult(finish_pending(memory, earlier), None, repeated=True)
-
     received = memory._clock()
     kind = RequestKind.SUBJECT if canonical is not None else RequestKind.ACCOUNT
+    fingerprint = memory.keys.index.ref(
+        "erasure-request", kind.value, canonical or "", json.dumps(scope.to_json(), sort_keys=True)
+    )
     try:
         with memory._logged() as events:
+            # Read under the write lock: two callers with one request id erase once.
+            existing = memory.backend.get_request(memory.tenant, request_id)
+            earlier = None if existing is None else ErasureRequest.from_row(existing)
+            if earlier is not None and earlier.fingerprint != fingerprint:
+                raise RequestIdReusedError(
+                    f"request id {request_id} was used for a different erasure", request_id=request_id
+                )
+            if earlier is not None and earlier.status is not RequestStatus.FAILED:
+                repeated = earlier
+                raise _Repeated
             plan = build_plan(memory, subject=canonical, scope=scope)
             if plan.ambiguous and not allow_ambiguous:
                 raise AmbiguousSubjectError(
@@ -150,6 +182,7 @@ def erase(
             memory._purge(memory.backend.rows(memory.tenant, plan.ids))
             for ref in destroy:
                 memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
+            doomed_keys = memory.keys.key_ids(memory.tenant, sorted(destroy))
             now = memory._clock()
             first = memory.backend.log_size()
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
@@ -180,12 +213,18 @@ def erase(
                 counts=counts,
                 record_ids=tuple(plan.ids),
                 tombstones=tuple(range(first, first + plan.total)),
-                pending_keys=tuple(sorted(destroy)),
+                pending_keys=tuple(doomed_keys),
+                fingerprint=fingerprint,
             )
-            memory.backend.put_request(request.to_row())
+            memory.backend.put_request(request.to_row(), replace=earlier is not None)
+    except _Repeated:
+        return ErasureResult(finish_pending(memory, repeated), None, repeated=True)
+    except RequestIdReusedError:
+        raise
     except DeleaturError as exc:
         _record_failure(
             memory,
+            fingerprint=fingerprint,
             request_id=request_id,
             kind=kind,
             scope=scope,
@@ -196,14 +235,19 @@ def erase(
         )
         raise
     done = finish_pending(memory, request)
-    # Last, so no page image of the erased rows (nor of the request's update) stays in the -wal.
-    memory.backend.scrub()
+    # Last, so no page image of the erased rows (nor of the request's update) stays in the
+    # -wal. If another connection's open read snapshot prevents it, the request says so.
+    if not memory.backend.scrub():
+        done = replace(done, counts={**done.counts, "wal_not_truncated": 1})
+        with memory.backend.atomic():
+            memory.backend.put_request(done.to_row(), replace=True)
     return ErasureResult(done, plan)
 
 
 def _record_failure(
     memory: Memory,
     *,
+    fingerprint: bytes,
     request_id: str,
     kind: RequestKind,
     scope: SpaceFilter,
@@ -225,6 +269,7 @@ def _record_failure(
         completed_at=None,
         status=RequestStatus.FAILED,
         error=exc.message,
+        fingerprint=fingerprint,
     )
     with memory.backend.atomic():
-        memory.backend.put_request(failed.to_row())
+        memory.backend.put_request(failed.to_row(), replace=True)

@@ -62,7 +62,11 @@ class ErasureRequest:
     counts: dict[str, int] = field(default_factory=dict)
     record_ids: tuple[str, ...] = ()
     tombstones: tuple[int, ...] = ()
+    #: Ids of the data keys committed for destruction and not yet destroyed.
     pending_keys: tuple[bytes, ...] = ()
+    #: A keyed digest of what was asked (kind, subject, scope): a reused request id
+    #: must ask for the same erasure.
+    fingerprint: bytes = b""
 
     @property
     def deadline(self) -> int:
@@ -92,6 +96,7 @@ class ErasureRequest:
             "record_ids": json.dumps(list(self.record_ids)),
             "tombstones": json.dumps(list(self.tombstones)),
             "pending_keys": json.dumps([k.hex() for k in self.pending_keys]),
+            "fingerprint": self.fingerprint,
         }
 
     @classmethod
@@ -113,6 +118,7 @@ class ErasureRequest:
             record_ids=tuple(json.loads(row["record_ids"])),
             tombstones=tuple(int(i) for i in json.loads(row["tombstones"])),
             pending_keys=tuple(bytes.fromhex(k) for k in json.loads(row["pending_keys"])),
+            fingerprint=bytes(row["fingerprint"]),
         )
 
     def to_json(self, now: int) -> dict[str, Any]:

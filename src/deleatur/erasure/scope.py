@@ -12,13 +12,14 @@ STATEMENT_VERSION = "deleatur-scope/v1"
 
 
 def scope_statement(
-    *, kind: str, records: int, key_destroyed: bool, kept_elsewhere: int, other_keys_kept: int
+    *, kind: str, records: int, key_destroyed: bool, kept_elsewhere: int, other_keys_kept: int, wal_truncated: bool
 ) -> dict[str, Any]:
     covers = [
         f"the {records} record(s) erased from this deleatur store, every version and history row included",
         "their entries in the store's full-text index (removed with FTS5 secure-delete)",
         "records derived from them through declared lineage, within the erasure's scope",
-        "the store's own files: erased text is overwritten (secure_delete) and the write-ahead log truncated",
+        "the store's own files: erased text is overwritten (secure_delete)"
+        + (" and the write-ahead log truncated" if wal_truncated else ""),
     ]
     if key_destroyed:
         covers.append(
@@ -37,6 +38,11 @@ def scope_statement(
             f" because {kept_elsewhere} of its record(s) remain outside this erasure's scope" if kept_elsewhere else ""
         )
         does_not_cover.append(f"copies of the database taken before the erasure: the subject's key was kept{reason}")
+    if not wal_truncated:
+        does_not_cover.append(
+            "the store's write-ahead log, which connections reading the store kept from being truncated "
+            "when this certificate was issued (a later checkpoint clears it)"
+        )
     if other_keys_kept:
         does_not_cover.append(
             f"copies of the database taken before the erasure, for derived records of {other_keys_kept} other "

@@ -103,6 +103,7 @@ def verify_certificate(
             key_destroyed=bool(erasure["key_destroyed"]),
             kept_elsewhere=int(request["counts"].get("kept_in_other_spaces", 0)),
             other_keys_kept=_other_keys_kept(erasure),
+            wal_truncated=bool(erasure["wal_truncated"]),
         )
         intact = expected_scope == body["scope_statement"] and int(erasure["records"]) == len(record_ids)
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -93,7 +93,13 @@ class Backend(Protocol):
 
     def count_subject(self, tenant: str, subject_ref: bytes) -> int: ...
 
-    def put_request(self, row: Mapping[str, Any]) -> None: ...
+    def put_request(self, row: Mapping[str, Any], *, replace: bool) -> None:
+        """Insert a request row; ``replace`` only to update one this caller owns."""
+        ...
+
+    def pending_requests(self) -> list[dict[str, Any]]:
+        """Requests of every tenant whose keys are committed for destruction but not yet gone."""
+        ...
 
     def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None: ...
 
@@ -153,8 +159,9 @@ class Backend(Protocol):
         """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
-    def scrub(self) -> None:
-        """After a purge commits: leave no removed bytes in journals or free pages."""
+    def scrub(self) -> bool:
+        """After a purge commits: leave no removed bytes in journals or free pages.
+        False if other connections' read snapshots kept the -wal from being truncated."""
         ...
 
     def files(self) -> list[Path]: ...

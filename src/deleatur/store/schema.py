@@ -95,8 +95,11 @@ def _v3(conn: apsw.Connection) -> None:
             record_ids TEXT NOT NULL,
             tombstones TEXT NOT NULL,
             pending_keys TEXT NOT NULL,
+            fingerprint BLOB NOT NULL,
             PRIMARY KEY (tenant, id)
         ) WITHOUT ROWID""",
+        # Every write checks the keys an erasure committed but has not destroyed yet.
+        "CREATE INDEX erasure_pending ON erasure_requests(status) WHERE status = 'keys_pending'",
         """CREATE TABLE erasure_confirmations(
             token_hash BLOB PRIMARY KEY,
             tenant TEXT NOT NULL,

@@ -41,6 +41,7 @@ _REQUEST_COLUMNS = (
     "record_ids",
     "tombstones",
     "pending_keys",
+    "fingerprint",
 )
 _LEVEL_SHIFT = 50
 _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
@@ -259,12 +260,18 @@ class SQLiteBackend:
             return int(value)
         return 0
 
-    def put_request(self, row: Mapping[str, Any]) -> None:
+    def put_request(self, row: Mapping[str, Any], *, replace: bool) -> None:
         columns = ", ".join(row)
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
         self._conn.execute(
-            f"INSERT OR REPLACE INTO erasure_requests({columns}) VALUES ({', '.join('?' * len(row))})",
-            tuple(row.values()),
+            f"{verb} INTO erasure_requests({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
         )
+
+    def pending_requests(self) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE status = 'keys_pending'"
+        )
+        return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in rows]
 
     def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None:
         row = self._conn.execute(
@@ -424,8 +431,8 @@ class SQLiteBackend:
         rows = self._conn.execute("SELECT key_id, vkey, log_index, created_at FROM signing_keys ORDER BY log_index")
         return [(str(a), str(b), int(c), int(d)) for a, b, c, d in rows]
 
-    def scrub(self) -> None:
-        scrub(self._conn)
+    def scrub(self) -> bool:
+        return scrub(self._conn)
 
     def files(self) -> list[Path]:
         return sidecar_files(self.path)

@@ -1,0 +1,132 @@
+"""Erasure under concurrency and crashes (found in review): nothing half-done, no
+record written under a key about to be destroyed, no leftover -wal, honest counts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur import KeyStoreError, Memory, Space, from_bytes
+from deleatur.erasure.engine import RequestIdReusedError
+from deleatur.erasure.requests import RequestStatus
+
+from .conftest import MASTER, store_files
+
+BASIS = "Art. 17(1)(a)"
+
+
+def _erase_worker(store: str, barrier: Barrier, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    with Memory.open(store, from_bytes(MASTER)) as memory:
+        barrier.wait()
+        result = memory.erase("Alice", request_id="DSAR-1", basis=BASIS, requester="agent")
+        queue.put((result.repeated, result.request.counts["records"] if result.request else -1))
+
+
+def test_two_processes_with_one_request_id_erase_once(memory: Memory, store_path: Path) -> None:
+    for i in range(5):
+        memory.remember(f"a{i}", subject="Alice")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_erase_worker, args=(str(store_path), barrier, queue)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    outcomes = sorted(queue.get(timeout=10) for _ in range(2))
+    assert outcomes == [(False, 5), (True, 5)]
+    request = memory.erasure_request("DSAR-1")
+    assert request.status is RequestStatus.COMPLETE
+    assert len(request.record_ids) == 5
+    assert len(request.tombstones) == 5
+    assert memory.certificate("DSAR-1")["certificate"]["erasure"]["records"] == 5
+
+
+def test_a_request_id_cannot_be_reused_for_another_erasure(memory: Memory) -> None:
+    memory.remember("a", subject="Alice")
+    memory.remember("b", subject="Bob")
+    memory.erase("Alice", request_id="DSAR-1", basis=BASIS, requester="dpo")
+    with pytest.raises(RequestIdReusedError, match="different erasure"):
+        memory.erase("Bob", request_id="DSAR-1", basis=BASIS, requester="dpo")
+    assert [r.text for r in memory.list()] == ["b"]
+
+
+def test_a_write_under_a_key_committed_for_destruction_is_rekeyed(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur.erasure import engine
+
+    memory.remember("old", subject="Alice", space=Space("user1"))
+    monkeypatch.setattr(engine, "finish_pending", lambda memory, request: request)
+    memory.erase_all(user_id="user1", request_id="ACC-1", basis=BASIS, requester="dpo")
+    monkeypatch.undo()
+    late = memory.remember("written in the gap", subject="Alice", space=Space("user2"))
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:  # finishes the pending destruction
+        assert reopened.get(late.id, space=Space("user2")).text == "written in the gap"
+        assert reopened.erasure_request("ACC-1").status is RequestStatus.COMPLETE
+
+
+def test_a_crash_before_the_keys_go_leaves_no_plaintext_after_reopening(tmp_path: Path) -> None:
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+from deleatur import Memory, from_bytes
+m = Memory.open({str(tmp_path / "m.db")!r}, from_bytes(bytes(range(32))), create=True)
+m.new_signing_key()
+for i in range(50):
+    m.remember(f"qzcrashsecret{{i}} about alice", subject="Alice")
+m.keys.destroy_ids = lambda ids: os._exit(9)   # dies right after the store commit
+m.erase("Alice", request_id="R1", basis="Art. 17(1)(a)", requester="dpo")
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    with Memory.open(tmp_path / "m.db", from_bytes(MASTER)) as memory:
+        request = memory.erasure_request("R1")
+        assert request.status is RequestStatus.COMPLETE
+        assert request.counts["keys_destroyed"] == 1
+        assert not memory.keys.has_key(memory.tenant, memory._subject_ref("alice"))
+    for path in store_files(tmp_path / "m.db"):
+        assert b"qzcrashsecret" not in path.read_bytes(), path
+
+
+def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("before", subject="Bob")
+        reader = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+        reader.execute("BEGIN").fetchall()
+        reader.execute("SELECT count(*) FROM records").fetchall()  # an open read snapshot
+        memory.remember("qzwalsecret", subject="Alice")
+        request = memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo").request
+        assert request is not None
+        assert request.counts["wal_not_truncated"] == 1
+        held = memory.certificate("R1")["certificate"]
+        assert held["erasure"]["wal_truncated"] is False
+        assert any("write-ahead log" in line for line in held["scope_statement"]["does_not_cover"])
+        reader.execute("COMMIT").fetchall()
+        reader.close()
+        issued = memory.certificate("R1")["certificate"]
+        assert issued["erasure"]["wal_truncated"] is True
+    for path in store_files(store_path):
+        assert b"qzwalsecret" not in path.read_bytes(), path
+
+
+def test_a_missing_signing_key_stops_writes_not_reads(memory: Memory, store_path: Path) -> None:
+    record = memory.remember("x", subject="a")
+    os.unlink(memory.signing_key_path)
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert reopened.get(record.id).text == "x"
+        assert reopened.verify_log().ok
+        with pytest.raises(KeyStoreError, match=r"signing key .* is missing"):
+            reopened.remember("y", subject="a")
+        with pytest.raises(KeyStoreError):
+            reopened.erase("a", request_id="R1", basis=BASIS, requester="dpo")
