@@ -56,13 +56,14 @@ def test_a_version_1_store_gains_the_log(store_path: Path) -> None:
     # Turn it into the store schema 1 wrote: the same records, none of the later tables.
     fresh = apsw.Connection(":memory:")
     schema.MIGRATIONS[1](fresh)
-    v1_tables = {name for (name,) in fresh.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    v1 = {name for (name,) in fresh.execute("SELECT name FROM sqlite_schema")}
     fresh.close()
     conn = apsw.Connection(str(store_path))
-    later = [n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'") if n not in v1_tables]
-    assert "log_entries" in later
-    for table in later:
-        conn.execute(f"DROP TABLE {table}")
+    later = [(kind, n) for kind, n in conn.execute("SELECT type, name FROM sqlite_schema") if n not in v1]
+    assert ("table", "log_entries") in later
+    for kind, name in later:
+        if kind in ("table", "index"):
+            conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
     conn.execute("PRAGMA user_version = 1")
     conn.close()
     with Memory.open(store_path, from_bytes(MASTER)) as memory:

@@ -56,6 +56,7 @@ from .model import (
 )
 from .rights.export import export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
+from .rights.retention import expiry_for, policy, purge, set_policy
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
@@ -557,7 +558,7 @@ class Memory:
             supersedes=supersedes,
             created_at=now,
             updated_at=now,
-            expires_at=item.expires_at,
+            expires_at=item.expires_at if item.expires_at is not None else expiry_for(self, space, now),
             nonce=self._random(16),
             reason=reason,
             actor=actor,
@@ -794,6 +795,22 @@ class Memory:
     def export_csv(self, directory: Path, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """The same export as a CSV bundle in an empty directory."""
         return export_csv(self, directory, subject=subject, user_id=user_id)
+
+    # -- storage limitation (Art. 5(1)(e)) ---------------------------------------------
+
+    def set_retention(self, kind: str, days: float | None) -> None:
+        """Records written to spaces of ``kind`` (user, agent, run) expire after ``days``."""
+        set_policy(self, kind, days)
+
+    def retention_policy(self) -> dict[str, float | None]:
+        return policy(self)
+
+    def purge(
+        self, *, older_than_days: float | None = None, request_id: str | None = None, dry_run: bool = False
+    ) -> ErasureResult:
+        """Hard-delete expired records (and those older than ``older_than_days``), with
+        tombstones and crypto-shredding, as an erasure request of kind ``retention``."""
+        return purge(self, older_than_days=older_than_days, request_id=request_id, dry_run=dry_run)
 
     # -- restriction (Art. 18) ------------------------------------------------------
 

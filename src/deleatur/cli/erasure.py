@@ -63,7 +63,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
 
 
-def _report(result: ErasureResult, as_json: bool) -> None:
+def report_erasure(result: ErasureResult, as_json: bool) -> None:
     if result.request is None:
         assert result.plan is not None
         if as_json:
@@ -116,7 +116,7 @@ def erase(
             issue_token=issue_token,
             confirmation=confirm,
         )
-    _report(result, as_json)
+    report_erasure(result, as_json)
 
 
 @app.command("erase-all")
@@ -145,7 +145,7 @@ def erase_all(
             issue_token=issue_token,
             confirmation=confirm,
         )
-    _report(result, as_json)
+    report_erasure(result, as_json)
 
 
 @app.command()

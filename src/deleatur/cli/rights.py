@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..errors import InvalidInputError
 from .common import JsonOpt, app, emit, open_memory, out
+from .erasure import report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
 
@@ -79,3 +80,45 @@ def export(
                 counts = memory.export_json(handle, subject=subject, user_id=user)
     if out_path is not None:
         out.print(f"exported {counts['records']} record(s), {counts['log_entries']} log entries -> {out_path}")
+
+
+retention_app = typer.Typer(help="The retention policy (Art. 5(1)(e)).", no_args_is_help=True)
+app.add_typer(retention_app, name="retention")
+
+
+@retention_app.command("set")
+def retention_set(
+    kind: Annotated[str, typer.Argument(help="user, agent or run spaces.")],
+    days: Annotated[float | None, typer.Argument(help="Days to keep; omit to keep indefinitely.")] = None,
+) -> None:
+    """Records written to spaces of KIND expire after DAYS."""
+    with open_memory() as memory:
+        memory.set_retention(kind, days)
+    out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"), markup=False)
+
+
+@retention_app.command("show")
+def retention_show(as_json: JsonOpt = False) -> None:
+    """The retention period of each kind of space."""
+    with open_memory() as memory:
+        current = memory.retention_policy()
+    if as_json:
+        emit(current)
+        return
+    for kind, days in current.items():
+        out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"), markup=False)
+
+
+@app.command()
+def purge(
+    older_than: Annotated[
+        float | None, typer.Option("--older-than", help="Also purge records older than DAYS.")
+    ] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id", help="[default: RET-<unix time>]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go; change nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hard-delete expired records (and, with --older-than, old ones), with tombstones."""
+    with open_memory() as memory:
+        result = memory.purge(older_than_days=older_than, request_id=request_id, dry_run=dry_run)
+    report_erasure(result, as_json)

@@ -116,6 +116,7 @@ def erase(
     issue_token: bool = False,
     confirmation: str | None = None,
     require_confirmation: bool = False,
+    retention: tuple[int, int | None] | None = None,
 ) -> ErasureResult:
     check_request_id(request_id)
     if not basis or not basis.strip():
@@ -123,12 +124,12 @@ def erase(
     if not requester or not requester.strip():
         raise InvalidInputError("an erasure needs a requester", request_id=request_id)
     canonical = None if subject is None else canonical_subject(subject)
-    if canonical is None and scope.user_id is None:
+    if canonical is None and scope.user_id is None and retention is None:
         # A peer's delete_all with no filter wiped every user: never here.
         raise InvalidInputError("an account erasure needs a user id", request_id=request_id)
 
     if dry_run:
-        plan = build_plan(memory, subject=canonical, scope=scope)
+        plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None
         if issue_token:
             token = secrets.token_urlsafe(24)
@@ -139,9 +140,12 @@ def erase(
         return ErasureResult(None, plan, token)
 
     received = memory._clock()
-    kind = RequestKind.SUBJECT if canonical is not None else RequestKind.ACCOUNT
+    if retention is not None:
+        kind = RequestKind.RETENTION
+    else:
+        kind = RequestKind.SUBJECT if canonical is not None else RequestKind.ACCOUNT
     fingerprint = memory.keys.index.ref(
-        "erasure-request", kind.value, canonical or "", json.dumps(scope.to_json(), sort_keys=True)
+        "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), retention], sort_keys=True)
     )
     try:
         with memory._logged() as events:
@@ -155,7 +159,7 @@ def erase(
             if earlier is not None and earlier.status is not RequestStatus.FAILED:
                 repeated = earlier
                 raise _Repeated
-            plan = build_plan(memory, subject=canonical, scope=scope)
+            plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
             if plan.ambiguous and not allow_ambiguous:
                 raise AmbiguousSubjectError(
                     f"subject matches {len(plan.spellings)} different original spellings; "

@@ -110,12 +110,22 @@ def _closure(memory: Memory, seeds: list[StoredRow], scope: SpaceFilter) -> tupl
     return found, outside
 
 
-def build_plan(memory: Memory, *, subject: str | None, scope: SpaceFilter) -> ErasurePlan:
+def build_plan(
+    memory: Memory, *, subject: str | None, scope: SpaceFilter, retention: tuple[int, int | None] | None = None
+) -> ErasurePlan:
     """What an erasure of ``subject`` (or, with ``subject=None``, of every record in
-    ``scope``) would remove. Reads only; decrypts to name spellings and subjects."""
+    ``scope``; or, with ``retention=(now, created_before)``, of every record past its
+    retention) would remove. Reads only; decrypts to name spellings and subjects."""
     subject_ref = None if subject is None else memory._subject_ref(subject)
-    direct_rows = list(memory.backend.select_any(memory.tenant, scope, subject_ref=subject_ref))
-    lineage_rows, outside = _closure(memory, direct_rows, scope)
+    if retention is not None:
+        # Derived records carry their own expiry: a purge follows no lineage.
+        now, created_before = retention
+        direct_rows = memory.backend.retention_due(memory.tenant, now=now, created_before=created_before)
+        lineage_rows: list[StoredRow] = []
+        outside = 0
+    else:
+        direct_rows = list(memory.backend.select_any(memory.tenant, scope, subject_ref=subject_ref))
+        lineage_rows, outside = _closure(memory, direct_rows, scope)
     decrypted = {row.id: memory._decrypt(row) for row in (*direct_rows, *lineage_rows)}
 
     def planned(row: StoredRow, via: str) -> PlannedRecord:

@@ -27,6 +27,8 @@ class RequestStatus(enum.StrEnum):
 class RequestKind(enum.StrEnum):
     SUBJECT = "subject"
     ACCOUNT = "account"
+    #: A retention purge (Art. 5(1)(e)): expired records, or records older than a cutoff.
+    RETENTION = "retention"
 
 
 def check_request_id(value: str) -> str:

@@ -81,7 +81,7 @@ def _v3(conn: apsw.Connection) -> None:
         """CREATE TABLE erasure_requests(
             tenant TEXT NOT NULL,
             id TEXT NOT NULL,
-            kind TEXT NOT NULL CHECK (kind IN ('subject', 'account')),
+            kind TEXT NOT NULL CHECK (kind IN ('subject', 'account', 'retention')),
             subject_pseudonym TEXT,
             subject_ref BLOB,
             scope TEXT NOT NULL,
@@ -113,7 +113,10 @@ def _v3(conn: apsw.Connection) -> None:
 
 
 def _v4(conn: apsw.Connection) -> None:
-    """Restriction of processing (Art. 18): the reason is encrypted under the subject's key."""
+    """Restriction of processing (Art. 18): the reason is encrypted under the subject's key.
+    Retention (Art. 5(1)(e)): the purge finds expired and old records by index."""
+    conn.execute("CREATE INDEX records_expiry ON records(tenant, expires_at) WHERE expires_at IS NOT NULL").fetchall()
+    conn.execute("CREATE INDEX records_created ON records(tenant, created_at)").fetchall()
     conn.execute(
         """CREATE TABLE restrictions(
             tenant TEXT NOT NULL,

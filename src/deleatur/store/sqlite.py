@@ -223,6 +223,24 @@ class SQLiteBackend:
         for values in self._conn.execute(sql + " ORDER BY r.id", args):
             yield _row(values)
 
+    def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
+        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ? AND r.expires_at <= ?"
+        args: list[Any] = [tenant, now]
+        if created_before is not None:
+            sql += f" UNION SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ? AND r.created_at < ?"
+            args += [tenant, created_before]
+        return [_row(values) for values in self._conn.execute(sql + " ORDER BY 1", args)]
+
+    def get_setting(self, name: str) -> str | None:
+        row = self._conn.execute("SELECT v FROM meta WHERE k = ?", ("setting:" + name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_setting(self, name: str, value: str | None) -> None:
+        if value is None:
+            self._conn.execute("DELETE FROM meta WHERE k = ?", ("setting:" + name,))
+        else:
+            self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", ("setting:" + name, value))
+
     def children(self, tenant: str, parents: Iterable[str]) -> set[str]:
         found: set[str] = set()
         wanted = list(parents)

@@ -1,0 +1,75 @@
+"""Storage limitation (Art. 5(1)(e)): policy, expiry, purge with tombstones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deleatur import InvalidInputError, Memory, NotFoundError, Space
+from deleatur.erasure.requests import RequestKind
+from deleatur.log.entries import Entry
+
+from .conftest import Cli, FakeClock, store_files
+
+DAY = 86_400
+
+
+def test_policy_sets_expiry_by_kind_of_space(memory: Memory, clock: FakeClock) -> None:
+    memory.set_retention("run", 30)
+    run = memory.remember("scratch", subject="a", space=Space("u", "bot", "run-1"))
+    user = memory.remember("profile", subject="a", space=Space("u"))
+    explicit = memory.remember("short", subject="a", space=Space("u", "bot", "run-1"), expires_at=clock.now + 10)
+    assert run.expires_at == clock.now + 30 * DAY * 1_000_000
+    assert user.expires_at is None
+    assert explicit.expires_at == clock.now + 10
+    assert memory.retention_policy() == {"user": None, "agent": None, "run": 30.0}
+    memory.set_retention("run", None)
+    assert memory.retention_policy()["run"] is None
+    with pytest.raises(InvalidInputError, match="not 'session'"):
+        memory.set_retention("session", 1)
+    with pytest.raises(InvalidInputError, match="positive"):
+        memory.set_retention("run", 0)
+
+
+def test_purge_removes_expired_and_old_records_with_tombstones(
+    memory: Memory, clock: FakeClock, store_path: Path
+) -> None:
+    expiring = memory.remember("qzexpiring note", subject="Alice", expires_at=clock.now + 5_000_000)
+    old = memory.remember("old note", subject="Bob")
+    clock.advance(10 * DAY)
+    recent = memory.remember("recent note", subject="Bob")
+    assert memory.recall("qzexpiring") == []  # expired: never recalled, even before the purge
+    plan = memory.purge(dry_run=True).plan
+    assert plan is not None
+    assert [r.id for r in plan.direct] == [expiring.id]
+    done = memory.purge(older_than_days=5).request
+    assert done is not None
+    assert done.kind is RequestKind.RETENTION
+    assert sorted(done.record_ids) == sorted([expiring.id, old.id])
+    with pytest.raises(NotFoundError):
+        memory.get(expiring.id)
+    assert memory.get(recent.id).text == "recent note"
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("alice"))  # all of Alice went
+    assert memory.keys.has_key(memory.tenant, memory._subject_ref("bob"))
+    tombstones = [Entry.decode(r) for _, r in memory.backend.log_entries() if b'"tombstone"' in r]
+    assert {e.fields["basis"] for e in tombstones} == {"Art. 5(1)(e) storage limitation"}
+    assert memory.verify_log().ok
+    assert memory.certificate(done.id)["certificate"]["erasure"]["records"] == 2
+    for path in store_files(store_path):
+        assert b"qzexpiring" not in path.read_bytes()
+
+
+def test_retention_cli(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init")[0] == 0
+    assert cli("retention", "set", "run", "30")[0] == 0
+    code, out, _ = cli("retention", "show", "--json")
+    assert json.loads(out)["run"] == 30
+    cli("remember", "old", "-s", "a", "--expires-at", "2000-01-01T00:00:00Z")
+    code, out, _ = cli("purge", "--dry-run", "--json")
+    assert json.loads(out)["plan"]["total"] == 1
+    code, out, _ = cli("purge", "--request-id", "RET-1")
+    assert code == 0
+    assert "erased 1 record(s)" in out
+    assert cli("purge", "--older-than", "-1")[0] == 2
