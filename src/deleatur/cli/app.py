@@ -26,6 +26,7 @@ from . import rights as _rights_commands  # noqa: F401  (registers the restricti
 from .common import (
     AgentOpt,
     JsonOpt,
+    LegalClaimOpt,
     Options,
     RunOpt,
     UserOpt,
@@ -101,9 +102,7 @@ def remember(
     receipt_file: Annotated[
         Path | None, typer.Option("--receipt", help="Also write a signed write receipt to this file.")
     ] = None,
-    for_legal_claim: Annotated[
-        bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
-    ] = False,
+    for_legal_claim: LegalClaimOpt = False,
     user: UserOpt = "default",
     agent: AgentOpt = "",
     run: RunOpt = "",
@@ -251,9 +250,7 @@ def rectify(
     erase_previous: Annotated[
         bool, typer.Option("--erase-previous", help="Hard-delete the inaccurate earlier values.")
     ] = False,
-    for_legal_claim: Annotated[
-        bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
-    ] = False,
+    for_legal_claim: LegalClaimOpt = False,
     user: UserOpt = "default",
     agent: AgentOpt = "",
     run: RunOpt = "",

@@ -76,6 +76,9 @@ UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memor
 AgentOpt = Annotated[str, typer.Option("--agent", "-a", help="agent_id of the memory space.")]
 RunOpt = Annotated[str, typer.Option("--run", "-r", help="run_id of the memory space.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+LegalClaimOpt = Annotated[
+    bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
+]
 
 
 def emit(payload: Any) -> None:

@@ -147,6 +147,22 @@ def erase(
     fingerprint = memory.keys.index.ref(
         "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), retention], sort_keys=True)
     )
+    # What a failure records; a success fills in the rest.
+    template = ErasureRequest(
+        id=request_id,
+        tenant=memory.tenant,
+        kind=kind,
+        subject_pseudonym=None,
+        subject_ref=None,
+        scope=_scope_pseudonyms(scope),
+        basis=basis,
+        requester=requester,
+        received_at=received,
+        completed_at=None,
+        status=RequestStatus.FAILED,
+        error=None,
+        fingerprint=fingerprint,
+    )
     try:
         with memory._logged() as events:
             # Read under the write lock: two callers with one request id erase once.
@@ -201,24 +217,15 @@ def erase(
                 "derived_outside_scope": plan.outside_lineage,
             }
             events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
-            request = ErasureRequest(
-                id=request_id,
-                tenant=memory.tenant,
-                kind=kind,
+            request = replace(
+                template,
                 subject_pseudonym=pseudonym,
                 subject_ref=subject_ref,
-                scope=_scope_pseudonyms(scope),
-                basis=basis,
-                requester=requester,
-                received_at=received,
-                completed_at=None,
                 status=RequestStatus.KEYS_PENDING,
-                error=None,
                 counts=counts,
                 record_ids=tuple(plan.ids),
                 tombstones=tuple(range(first, first + plan.total)),
                 pending_keys=tuple(doomed_keys),
-                fingerprint=fingerprint,
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
@@ -226,17 +233,8 @@ def erase(
     except RequestIdReusedError:
         raise
     except DeleaturError as exc:
-        _record_failure(
-            memory,
-            fingerprint=fingerprint,
-            request_id=request_id,
-            kind=kind,
-            scope=scope,
-            basis=basis,
-            requester=requester,
-            received=received,
-            exc=exc,
-        )
+        with memory.backend.atomic():
+            memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise
     done = finish_pending(memory, request)
     # Last, so no page image of the erased rows (nor of the request's update) stays in the
@@ -246,34 +244,3 @@ def erase(
         with memory.backend.atomic():
             memory.backend.put_request(done.to_row(), replace=True)
     return ErasureResult(done, plan)
-
-
-def _record_failure(
-    memory: Memory,
-    *,
-    fingerprint: bytes,
-    request_id: str,
-    kind: RequestKind,
-    scope: SpaceFilter,
-    basis: str,
-    requester: str,
-    received: int,
-    exc: DeleaturError,
-) -> None:
-    failed = ErasureRequest(
-        id=request_id,
-        tenant=memory.tenant,
-        kind=kind,
-        subject_pseudonym=None,
-        subject_ref=None,
-        scope=_scope_pseudonyms(scope),
-        basis=basis,
-        requester=requester,
-        received_at=received,
-        completed_at=None,
-        status=RequestStatus.FAILED,
-        error=exc.message,
-        fingerprint=fingerprint,
-    )
-    with memory.backend.atomic():
-        memory.backend.put_request(failed.to_row(), replace=True)
