@@ -326,3 +326,31 @@ def test_a_forged_chain_that_endorses_the_pinned_key_fails(memory: Memory) -> No
         memory.log.append([(Entry(EventType.WRITE, 1, {"record": "forged", "tenant": "default"}), None)])
         memory.log.checkpoint()
     assert _failed(memory, pinned_keys=[real]) == ["signatures"]
+
+
+def test_single_writes_close_together_share_a_checkpoint(store_path: Path, clock: object) -> None:
+    from .conftest import FakeClock
+
+    assert isinstance(clock, FakeClock)
+    memory = Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True, checkpoint_interval_us=100_000)
+    memory.new_signing_key()
+    memory.remember("one", subject="a")
+    signed = memory.backend.checkpoint()
+    memory.remember("two", subject="a")  # within the interval: no new checkpoint yet
+    assert memory.backend.checkpoint() == signed
+    assert "coverage" in [c.name for c in memory.verify_log().failed]
+    clock.advance(0.2)
+    memory.remember("three", subject="a")  # past it: this write signs, covering "two" too
+    latest = memory.backend.checkpoint()
+    assert latest is not None
+    assert latest[0] == memory.backend.log_size()
+    memory.remember("four", subject="a")
+    record = memory.remember("five", subject="a")
+    assert memory.receipt(record.id) is not None  # a receipt signs what it needs
+    memory.remember("six", subject="a")
+    memory.erase("a", request_id="R1", basis="Art. 17(1)(a)", requester="dpo")  # an erasure always signs
+    assert memory.backend.checkpoint()[0] == memory.backend.log_size()  # type: ignore[index]
+    memory.remember("seven", subject="b")
+    memory.close()  # closing signs the tail
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert reopened.verify_log().ok

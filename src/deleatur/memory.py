@@ -61,6 +61,8 @@ from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
 _NONCE = 12
+#: Single writes within this long of the last checkpoint share the next one.
+DEFAULT_CHECKPOINT_INTERVAL_US = 100_000
 _MAX_QUERY_TERMS = 32
 _MAX_RECALL = 1000
 _WORD = re.compile(r"\w+")
@@ -98,6 +100,7 @@ class Memory:
         clock: Clock,
         random: Random,
         max_text_bytes: int,
+        checkpoint_interval_us: int = DEFAULT_CHECKPOINT_INTERVAL_US,
     ) -> None:
         self.backend: Backend = backend
         self.keys = keys
@@ -112,6 +115,8 @@ class Memory:
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
         )
         self._keys_announced = bool(backend.signing_keys())
+        self.checkpoint_interval_us = checkpoint_interval_us
+        self._signed_at = -checkpoint_interval_us
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
         finish_all_pending(self)
@@ -130,6 +135,7 @@ class Memory:
         max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
         full_sync: bool = False,
         create: bool = False,
+        checkpoint_interval_us: int = DEFAULT_CHECKPOINT_INTERVAL_US,
     ) -> Memory:
         store_path = Path(path)
         backend = SQLiteBackend.open(store_path, create=create, clock=clock, full_sync=full_sync)
@@ -154,6 +160,7 @@ class Memory:
             clock=clock,
             random=random,
             max_text_bytes=max_text_bytes,
+            checkpoint_interval_us=checkpoint_interval_us,
         )
 
     @classmethod
@@ -221,6 +228,8 @@ class Memory:
         )
 
     def close(self) -> None:
+        if self.log.signer is not None:
+            self.checkpoint()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
         self.backend.close()
 
@@ -247,9 +256,17 @@ class Memory:
         return signer
 
     @contextmanager
-    def _logged(self) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
-        """A write transaction whose events are appended to the log, and a checkpoint
-        signed, before it commits: the change and its record are one unit."""
+    def _logged(self, *, sign: bool = False) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
+        """A write transaction whose events are appended to the log before it commits:
+        the change and its record are one unit.
+
+        The new tree head is signed in the same transaction when ``sign`` is set
+        (erasures), or when the last checkpoint this handle signed is older than
+        ``checkpoint_interval_us``: signing costs more than the write itself, so single
+        writes arriving together share a checkpoint. Receipts, `log checkpoint`,
+        certificates and ``close()`` sign whatever is not yet covered; a tail a crash
+        left uncovered stays visible to `log verify` until the next checkpoint.
+        """
         if self.log.signer is None and self._keys_announced:
             # Writing on would leave entries no checkpoint covers, and verification failing.
             raise KeyStoreError(
@@ -260,8 +277,10 @@ class Memory:
             yield events
             if events:
                 self.log.append(events)
-                if self.log.signer is not None:
-                    self.log.checkpoint()
+                now = self._clock()
+                if self.log.signer is not None and (sign or now - self._signed_at >= self.checkpoint_interval_us):
+                    self.log.sign_appended()
+                    self._signed_at = now
 
     def new_signing_key(self) -> Signer:
         """Give a store its first signing key (announced as the first key of its log)."""
@@ -369,13 +388,14 @@ class Memory:
         known = set(note.signatures)
         cosigned = note.with_signatures(s for s in mine if s not in known)
         with self.backend.atomic():
-            self.backend.put_checkpoint(found[0], cosigned.format())
+            self.backend.put_checkpoint(found[0], cosigned.format(), replace=True)
         return cosigned
 
     def verify_log(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
     ) -> Report:
-        """Re-derive the whole log from its entries and check every checkpoint."""
+        """Re-derive the whole log from its entries and check every checkpoint. Reads
+        only: entries not yet covered by a signed checkpoint fail the coverage check."""
         return verify_log(
             self.backend.log_entries(),
             self.backend.checkpoints(),
@@ -475,14 +495,14 @@ class Memory:
             validate_text(item.text, self.max_text_bytes)
         if not batch:
             return []
-        # Refuse bad lineage and restricted subjects before any data key is made, so a
-        # refused write leaves no trace in the key store either; checked again under the lock.
+        # Refuse bad lineage before any data key is made, so a refused write leaves no
+        # trace in the key store either; checked again under the lock.
         self._check_lineage(batch)
-        refs = [self._subject_ref(canonical_subject(item.subject)) for item in batch]
-        check_writable(self, refs, for_legal_claim=for_legal_claim)
         keys = self._data_keys(batch)
         with self._logged() as events:
-            check_writable(self, refs, for_legal_claim=for_legal_claim)
+            # A restricted subject has a key already (restrict() made it), so checking
+            # here, under the lock, refuses without leaving a new key behind.
+            check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
             keys = self._live_keys(keys)
             return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
 

@@ -164,7 +164,7 @@ def erase(
         fingerprint=fingerprint,
     )
     try:
-        with memory._logged() as events:
+        with memory._logged(sign=True) as events:
             # Read under the write lock: two callers with one request id erase once.
             existing = memory.backend.get_request(memory.tenant, request_id)
             earlier = None if existing is None else ErasureRequest.from_row(existing)

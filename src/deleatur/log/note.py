@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Self
@@ -26,6 +27,7 @@ ED25519 = 0x01
 #: Timestamped Ed25519 witness cosignatures (c2sp.org/tlog-cosignature).
 COSIGNATURE_ED25519 = 0x04
 _DASH = "\u2014 "
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f]")
 _MAX_SIGNATURES = 100
 
 
@@ -107,7 +109,7 @@ class Note:
 def check_text(text: str) -> None:
     if not text.endswith("\n"):
         raise NoteError("note text must end with a newline")
-    if any(ord(ch) < 0x20 and ch != "\n" for ch in text):
+    if _CONTROL.search(text):
         raise NoteError("note text must not contain control characters")
     try:
         text.encode("utf-8")

@@ -50,6 +50,7 @@ class TransparencyLog:
         self.origin = origin
         self.signer = signer
         self._clock = clock
+        self._appended: tuple[int, bytes] | None = None
 
     # -- reading stored hashes -----------------------------------------------------
 
@@ -89,7 +90,21 @@ class TransparencyLog:
         encoded = [(entry.encode(), record_id) for entry, record_id in entries]
         nodes = [node for raw, _ in encoded for node in compact.append(leaf_hash(raw))]
         self.backend.log_append(start, encoded, nodes)
+        self._appended = (compact.size, compact.root())
         return start
+
+    def sign_appended(self) -> Note:
+        """Sign the tree the last ``append`` made, in the same transaction: its root is
+        already known from the peaks, so nothing is read back. The size is new, so no
+        checkpoint of it can exist (the store refuses a second one if it somehow did)."""
+        if self.signer is None:
+            raise LogError("this store has no signing key; run `deleatur keys new`")
+        assert self._appended is not None
+        size, root = self._appended
+        body = Checkpoint(self.origin, size, root).body()
+        note = Note(body, (self.signer.sign(body),))
+        self.backend.put_checkpoint(size, note.format(), replace=False)
+        return note
 
     def checkpoint(self, *extra_signers: Signer) -> Note:
         """Sign the current tree head (inside the caller's transaction) and store it.
@@ -106,7 +121,7 @@ class TransparencyLog:
             raise IntegrityError(f"refusing to sign a second, different checkpoint for size {size}")
         note = Note(body, tuple(s.sign(body) for s in (self.signer, *extra_signers)))
         if existing is None or extra_signers:
-            self.backend.put_checkpoint(size, note.format())
+            self.backend.put_checkpoint(size, note.format(), replace=True)
         return note
 
     def latest_checkpoint(self) -> Note:

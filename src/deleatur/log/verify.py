@@ -151,7 +151,12 @@ def verify_log(
     if latest is None:
         report.add("coverage", False, "the log has no checkpoint")
     elif latest != size:
-        report.add("coverage", False, f"the newest checkpoint covers {latest} of {size} entries")
+        report.add(
+            "coverage",
+            False,
+            f"the newest checkpoint covers {latest} of {size} entries (entries were cut with their "
+            "checkpoint, or a writer stopped before signing; `deleatur log checkpoint` signs what is there)",
+        )
     else:
         report.add("coverage", True, f"the newest checkpoint covers all {size} entries")
 

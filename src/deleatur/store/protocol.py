@@ -153,7 +153,9 @@ class Backend(Protocol):
         """(record id, index, entry) of every log entry naming one of ``record_ids``."""
         ...
 
-    def put_checkpoint(self, size: int, note: str) -> None: ...
+    def put_checkpoint(self, size: int, note: str, *, replace: bool) -> None:
+        """Store a signed checkpoint; ``replace`` only to add signatures to the same tree."""
+        ...
 
     def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:
         """The checkpoint of that size, or the latest one."""

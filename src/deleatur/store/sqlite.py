@@ -425,8 +425,9 @@ class SQLiteBackend:
             for r in self._conn.execute("SELECT idx FROM log_entries WHERE record_id = ? ORDER BY idx", (record_id,))
         ]
 
-    def put_checkpoint(self, size: int, note: str) -> None:
-        self._conn.execute("INSERT OR REPLACE INTO log_checkpoints(size, note) VALUES (?, ?)", (size, note))
+    def put_checkpoint(self, size: int, note: str, *, replace: bool) -> None:
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        self._conn.execute(f"{verb} INTO log_checkpoints(size, note) VALUES (?, ?)", (size, note))
 
     def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:
         if size is None:
