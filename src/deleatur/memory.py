@@ -281,6 +281,8 @@ class Memory:
                 if self.log.signer is not None and (sign or now - self._signed_at >= self.checkpoint_interval_us):
                     self.log.sign_appended()
                     self._signed_at = now
+        if events:
+            self.log.committed()
 
     def new_signing_key(self) -> Signer:
         """Give a store its first signing key (announced as the first key of its log)."""
@@ -498,12 +500,13 @@ class Memory:
         # Refuse bad lineage before any data key is made, so a refused write leaves no
         # trace in the key store either; checked again under the lock.
         self._check_lineage(batch)
+        seen = self.backend.data_version()
         keys = self._data_keys(batch)
         with self._logged() as events:
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
-            keys = self._live_keys(keys)
+            keys = self._live_keys(keys, seen)
             return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
@@ -517,13 +520,21 @@ class Memory:
                 keys[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
         return keys
 
-    def _live_keys(self, keys: dict[str, tuple[bytes, bytes, AESGCM]]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
+    def _live_keys(
+        self, keys: dict[str, tuple[bytes, bytes, AESGCM]], seen: int | None = None
+    ) -> dict[str, tuple[bytes, bytes, AESGCM]]:
         """Under the write lock: never write under a key an erasure has destroyed or has
-        committed to destroy. Such a key is destroyed now and the subject gets a new one."""
+        committed to destroy. Such a key is destroyed now and the subject gets a new one.
+
+        ``seen`` is the store's data_version from before the keys were read: if no other
+        connection has committed since, no erasure finished meanwhile, and a key that was
+        there then is there now unless it is pending (which is checked regardless).
+        """
         pending = pending_key_ids(self)
+        recheck = seen is None or self.backend.data_version() != seen
         fresh = dict(keys)
         for canonical, (ref, key_id, _) in keys.items():
-            if key_id in pending or not self.keys.has_key_id(key_id):
+            if key_id in pending or (recheck and not self.keys.has_key_id(key_id)):
                 self.keys.destroy_ids([key_id] if key_id in pending else [])
                 fresh[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
         return fresh

@@ -100,7 +100,7 @@ def finish_all_pending(memory: Memory) -> None:
 
 
 def pending_key_ids(memory: Memory) -> set[bytes]:
-    return {key for row in memory.backend.pending_requests() for key in ErasureRequest.from_row(row).pending_keys}
+    return {bytes.fromhex(key) for keys in memory.backend.pending_key_lists() for key in json.loads(keys)}
 
 
 def erase(

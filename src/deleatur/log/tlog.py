@@ -51,6 +51,11 @@ class TransparencyLog:
         self.signer = signer
         self._clock = clock
         self._appended: tuple[int, bytes] | None = None
+        # The tree's right edge after our last committed append, valid while no other
+        # connection has committed (PRAGMA data_version unchanged) and the size agrees.
+        self._cache: CompactRange | None = None
+        self._uncommitted: CompactRange | None = None
+        self._cache_version = -1
 
     # -- reading stored hashes -----------------------------------------------------
 
@@ -84,14 +89,24 @@ class TransparencyLog:
     def append(self, entries: Sequence[tuple[Entry, str | None]]) -> int:
         """Append inside the caller's transaction; returns the index of the first entry."""
         start = self.backend.log_size()
-        # Re-read the peaks every time: another process may have appended, or a
-        # rolled-back transaction may have left a cached copy wrong.
-        compact = CompactRange(start, self.backend.log_nodes(CompactRange.peak_positions(start)))
+        cached, self._cache = self._cache, None
+        if cached is not None and cached.size == start and self._cache_version == self.backend.data_version():
+            # No other connection committed since our last committed append, and the
+            # size agrees: the cached right edge is the log's.
+            compact = cached
+        else:
+            compact = CompactRange(start, self.backend.log_nodes(CompactRange.peak_positions(start)))
         encoded = [(entry.encode(), record_id) for entry, record_id in entries]
         nodes = [node for raw, _ in encoded for node in compact.append(leaf_hash(raw))]
         self.backend.log_append(start, encoded, nodes)
         self._appended = (compact.size, compact.root())
+        self._uncommitted = compact
         return start
+
+    def committed(self) -> None:
+        """The transaction of the last append committed: its tree may be reused."""
+        self._cache, self._uncommitted = self._uncommitted, None
+        self._cache_version = self.backend.data_version()
 
     def sign_appended(self) -> Note:
         """Sign the tree the last ``append`` made, in the same transaction: its root is

@@ -91,12 +91,11 @@ def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
 def check_writable(memory: Memory, subject_refs: list[bytes], *, for_legal_claim: bool) -> None:
     if for_legal_claim:
         return
-    for ref in subject_refs:
-        if memory.backend.restrictions(memory.tenant, ref):
-            raise RestrictedSubjectError(
-                "processing of this subject is restricted (Art. 18); a write serving a legal claim must say so "
-                "(for_legal_claim / --for-legal-claim)"
-            )
+    if memory.backend.any_restricted(memory.tenant, subject_refs):
+        raise RestrictedSubjectError(
+            "processing of this subject is restricted (Art. 18); a write serving a legal claim must say so "
+            "(for_legal_claim / --for-legal-claim)"
+        )
 
 
 def restrictions(memory: Memory) -> list[Restriction]:

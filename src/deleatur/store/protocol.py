@@ -105,6 +105,12 @@ class Backend(Protocol):
         """Insert a request row; ``replace`` only to update one this caller owns."""
         ...
 
+    def pending_key_lists(self) -> list[str]:
+        """The ``pending_keys`` JSON of every request awaiting key destruction (cheap: every write asks)."""
+        ...
+
+    def any_restricted(self, tenant: str, subject_refs: Sequence[bytes]) -> bool: ...
+
     def pending_requests(self) -> list[dict[str, Any]]:
         """Requests of every tenant whose keys are committed for destruction but not yet gone."""
         ...
@@ -132,6 +138,10 @@ class Backend(Protocol):
     # -- the verifiable log (see deleatur.log.tlog) -------------------------------
 
     def log_size(self) -> int: ...
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (SQLite's PRAGMA data_version)."""
+        ...
 
     def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None]], nodes: Iterable[Node]) -> None:
         """Store entries ``start..`` and the complete-subtree hashes they finish."""

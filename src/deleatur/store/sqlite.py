@@ -285,6 +285,19 @@ class SQLiteBackend:
             f"{verb} INTO erasure_requests({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
         )
 
+    def pending_key_lists(self) -> list[str]:
+        return [
+            str(k)
+            for (k,) in self._conn.execute("SELECT pending_keys FROM erasure_requests WHERE status = 'keys_pending'")
+        ]
+
+    def any_restricted(self, tenant: str, subject_refs: Sequence[bytes]) -> bool:
+        if not subject_refs:
+            return False
+        marks = ", ".join("?" * len(subject_refs))
+        sql = f"SELECT 1 FROM restrictions WHERE tenant = ? AND subject_ref IN ({marks}) LIMIT 1"
+        return self._conn.execute(sql, (tenant, *subject_refs)).fetchone() is not None
+
     def pending_requests(self) -> list[dict[str, Any]]:
         rows = self._conn.execute(
             f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE status = 'keys_pending'"
@@ -359,6 +372,11 @@ class SQLiteBackend:
             )
             self._conn.execute("DELETE FROM lineage WHERE child = ?", (record_id,))
         return count
+
+    def data_version(self) -> int:
+        for (value,) in self._conn.execute("PRAGMA data_version"):
+            return int(value)
+        return -1
 
     def log_size(self) -> int:
         (value,) = self._conn.execute("SELECT coalesce(max(idx) + 1, 0) FROM log_entries").fetchall()[0]
