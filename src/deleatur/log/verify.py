@@ -88,12 +88,10 @@ def verify_log(
             entry_problem = entry_problem or f"entry {expected_index} is missing (found {index})"
         expected_index = index + 1
         try:
-            entry = Entry.decode(raw)
+            if Entry.canonical_type(raw) == EventType.KEY:
+                key_problem = key_problem or _key_events(Entry.decode(raw), index, keys)
         except EntryError as exc:
             entry_problem = entry_problem or f"entry {index}: {exc.message}"
-        else:
-            if entry.type is EventType.KEY:
-                key_problem = key_problem or _key_events(entry, index, keys)
         for level, node_index, digest in compact.append(leaf_hash(raw)):
             cursor = cursors.setdefault(level, stored_level(level))
             stored = next(cursor, None)
