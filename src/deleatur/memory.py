@@ -10,6 +10,7 @@ import builtins
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,8 +65,16 @@ _NONCE = 12
 #: Single writes within this long of the last checkpoint share the next one.
 DEFAULT_CHECKPOINT_INTERVAL_US = 100_000
 _MAX_QUERY_TERMS = 32
+#: Query terms found in more records than this are dropped when rarer terms are present.
+_COMMON_TERM_DOCS = 10_000
 _MAX_RECALL = 1000
 _WORD = re.compile(r"\w+")
+
+
+def _fold_term(word: str) -> str:
+    """A query word as the index's unicode61 tokenizer (remove_diacritics 2) stores it."""
+    decomposed = unicodedata.normalize("NFKD", word.casefold())
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
 
 
 def keystore_path(store_path: Path) -> Path:
@@ -883,9 +892,16 @@ class Memory:
         words = _WORD.findall(query if isinstance(query, str) else "")
         if not words:
             raise InvalidInputError("query has no searchable words")
-        terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in dict.fromkeys(words[:_MAX_QUERY_TERMS]))
+        wanted = list(dict.fromkeys(_fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
+        frequency = self.backend.term_documents(wanted)
+        # A term in very many records weighs almost nothing in BM25 but makes the index
+        # rank all of them: drop such terms when the query has rarer ones.
+        rare = [w for w in wanted if frequency.get(w, 0) <= _COMMON_TERM_DOCS]
+        # If every term is that common, ranking is near meaningless: newest matches first.
+        kept = rare or wanted
+        terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in kept)
         fts = f"body:({terms}) AND scope:{self._scope_token(space)}"
-        hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit)
+        hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit, recent_first=not rare)
         return [Hit(self._decrypt(row), score) for row, score in hits]
 
     def list(

@@ -72,8 +72,12 @@ class Backend(Protocol):
         ...
 
     def search(
-        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int
+        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int, recent_first: bool = False
     ) -> list[tuple[StoredRow, float]]: ...
+
+    def term_documents(self, terms: Sequence[str]) -> dict[str, int]:
+        """Index document frequency of each (already folded) term; absent terms are left out."""
+        ...
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]: ...
 

@@ -80,6 +80,7 @@ class SQLiteBackend:
         self._conn = conn
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
+        self._vocab = False
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -168,19 +169,46 @@ class SQLiteBackend:
         )
 
     def search(
-        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int
+        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int, recent_first: bool = False
     ) -> list[tuple[StoredRow, float]]:
-        rows = self._conn.execute(
-            f"SELECT {_R_COLUMNS}, {_LINEAGE}, bm25(ft, 1.0, 0.0) AS score"
-            " FROM ft JOIN records r ON r.rowid = ft.rowid"
-            f" WHERE ft MATCH ? AND {_SPACE} AND r.status = 'ACTIVE'"
-            " AND (r.expires_at IS NULL OR r.expires_at > ?)"
-            " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
-            " ORDER BY score LIMIT ?",
-            (fts_query, *_space_args(tenant, space), now, tenant, limit),
-        ).fetchall()
+        # Rank inside FTS5 first (its top-k sorter, in C), then look up only the best
+        # candidates; widen the window if expiry or restriction filtered too many out.
+        # ``recent_first`` takes the newest matches instead (FTS5 walks its doclist
+        # backwards and stops): for queries whose every term is in most records.
+        order = "rowid DESC" if recent_first else "score"
+        outer = "r.rowid DESC" if recent_first else "c.score"
+        window = max(limit * 4, 32)
+        while True:
+            rows = self._conn.execute(
+                f"SELECT {_R_COLUMNS}, {_LINEAGE}, c.score FROM"
+                f" (SELECT rowid, bm25(ft, 1.0, 0.0) AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
+                f" JOIN records r ON r.rowid = c.rowid WHERE {_SPACE} AND r.status = 'ACTIVE'"
+                " AND (r.expires_at IS NULL OR r.expires_at > ?)"
+                " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
+                f" ORDER BY {outer} LIMIT ?",
+                (fts_query, window, *_space_args(tenant, space), now, tenant, limit),
+            ).fetchall()
+            if len(rows) == limit or window >= 1 << 30:
+                break
+            matches = sum(
+                1 for _ in self._conn.execute("SELECT rowid FROM ft WHERE ft MATCH ? LIMIT ?", (fts_query, window + 1))
+            )
+            if matches <= window:
+                break  # every match was already considered
+            window *= 8
         # FTS5's bm25() is "lower is better"; callers get "higher is better".
         return [(_row(r[:16]), -float(r[16] or 0.0)) for r in rows]
+
+    def term_documents(self, terms: Sequence[str]) -> dict[str, int]:
+        """How many indexed records hold each term (FTS5's own vocabulary, by lookup)."""
+        if not self._vocab:
+            self._conn.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.ft_vocab USING fts5vocab(main, ft, row)")
+            self._vocab = True
+        out = {}
+        for term in terms:
+            for (doc,) in self._conn.execute("SELECT doc FROM temp.ft_vocab WHERE term = ?", (term,)):
+                out[term] = int(doc)
+        return out
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]:
         sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE}"
