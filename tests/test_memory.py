@@ -189,3 +189,17 @@ def test_text_size_cap_is_configurable(store_path: Path) -> None:
         with pytest.raises(InvalidInputError, match="9 bytes, over the 8-byte limit"):
             mem.remember("123456789", subject="a")
         assert mem.remember("12345678", subject="a").text == "12345678"
+
+
+def test_very_common_terms_give_way_to_rare_ones(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deleatur.memory as memory_module
+
+    monkeypatch.setattr(memory_module, "_COMMON_TERM_DOCS", 5)
+    memory.remember_many([NewMemory(f"common filler {i}", subject="s") for i in range(20)])
+    target = memory.remember("common words and one zebra", subject="s")
+    newest = memory.remember("common again", subject="s")
+    # "common" is in more than 5 records: the rare word decides the ranking.
+    assert [h.record.id for h in memory.recall("common zebra", limit=1)] == [target.id]
+    # Only common words: the newest matches come first.
+    assert [h.record.id for h in memory.recall("common", limit=2)] == [newest.id, target.id]
+    assert [h.record.text for h in memory.recall("Zébra")] == ["common words and one zebra"]
