@@ -57,7 +57,7 @@ from .model import (
 )
 from .rights.export import export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
-from .rights.retention import expiry_for, policy, purge, set_policy
+from .rights.retention import policy, purge, retention_for, set_policy
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
@@ -119,6 +119,7 @@ class Memory:
         self._clock = clock
         self._random = random
         self._ids = IdGenerator(clock, random)
+        self._scope_tokens: dict[Space, str] = {}
         self.signing_key_path = signing_key_path(Path(backend.files()[0]))
         self.log = TransparencyLog(
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
@@ -433,7 +434,13 @@ class Memory:
     def _scope_token(self, space: Space) -> str:
         # One opaque token per space: the index matches it exactly, so "user1"
         # never matches "user10", and the index holds no user ids in clear.
-        return "s" + self.keys.index.ref("scope", self.tenant, space.user_id, space.agent_id, space.run_id).hex()
+        token = self._scope_tokens.get(space)
+        if token is None:
+            ref = self.keys.index.ref("scope", self.tenant, space.user_id, space.agent_id, space.run_id)
+            token = self._scope_tokens[space] = "s" + ref.hex()
+            if len(self._scope_tokens) > 4096:
+                self._scope_tokens.pop(next(iter(self._scope_tokens)))
+        return token
 
     def _aad(self, record_id: str, subject_ref: bytes) -> bytes:
         return _frame(("deleatur/record/v1", self.backend.store_id, self.tenant, record_id, subject_ref))
@@ -516,7 +523,14 @@ class Memory:
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
             keys = self._live_keys(keys, seen)
-            return [self._write(item, space, keys, events) for item in self._check_lineage(batch)]
+            retention = retention_for(self, space)
+            pending: builtins.list[tuple[StoredRow, str, str]] = []
+            records = [
+                self._write(item, space, keys, events, retention=retention, pending=pending)
+                for item in self._check_lineage(batch)
+            ]
+            self.backend.insert_many(pending)
+            return records
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
         """Each subject's (subject_ref, key_id, key), made before the write transaction:
@@ -568,9 +582,16 @@ class Memory:
         reason: str | None = None,
         actor: str | None = None,
         erased: tuple[str, ...] = (),
+        retention: int | None = None,
+        pending: builtins.list[tuple[StoredRow, str, str]] | None = None,
     ) -> Record:
         """Insert one record (inside the caller's transaction), superseding its key's current
-        value, and queue its log entry: a salted commitment, never the text."""
+        value, and queue its log entry: a salted commitment, never the text.
+
+        With ``pending``, the row is queued for one batched insert by the caller; a keyed
+        record first flushes the queue, so its supersession sees every earlier row.
+        ``retention`` is the space's retention period, for records without an expiry.
+        """
         canonical = canonical_subject(item.subject)
         subject_ref, key_id, aead = keys[canonical]
         now = self._clock()
@@ -578,6 +599,9 @@ class Memory:
         key_ref = None if key is None else self._key_ref(space, key)
         supersedes = None
         if key_ref is not None:
+            if pending:
+                self.backend.insert_many(pending)
+                pending.clear()
             current = self.backend.active_by_key(self.tenant, space, key_ref)
             if current is not None:
                 self._deactivate(current, Status.SUPERSEDED, now)
@@ -598,7 +622,7 @@ class Memory:
             supersedes=supersedes,
             created_at=now,
             updated_at=now,
-            expires_at=item.expires_at if item.expires_at is not None else expiry_for(self, space, now),
+            expires_at=item.expires_at if item.expires_at is not None or retention is None else now + retention,
             nonce=self._random(16),
             reason=reason,
             actor=actor,
@@ -634,7 +658,11 @@ class Memory:
             ciphertext=nonce + aead.encrypt(nonce, payload, self._aad(record.id, subject_ref)),
             derived_from=record.derived_from,
         )
-        self.backend.insert(row, index_text=record.text, scope_token=self._scope_token(space))
+        queued = (row, record.text, self._scope_token(space))
+        if pending is None:
+            self.backend.insert_many([queued])
+        else:
+            pending.append(queued)
         fields: dict[str, object] = {
             "record": record.id,
             "tenant": self.tenant,
@@ -694,6 +722,7 @@ class Memory:
                 space,
                 self._live_keys(self._data_keys([item])),
                 events,
+                retention=retention_for(self, space),
                 reason=reason.strip(),
                 actor=actor.strip(),
                 erased=tuple(sorted(earlier)),

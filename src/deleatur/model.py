@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import re
@@ -52,6 +53,13 @@ def canonical_subject(original: str) -> str:
     NFKC runs again after case folding because folding can produce
     non-normalized sequences; the result is a fixed point of this function.
     """
+    if not isinstance(original, str):
+        raise InvalidInputError("subject must be a string")
+    return _canonical(original)
+
+
+@functools.lru_cache(maxsize=8192)  # every write canonicalizes its subject, mostly a known one
+def _canonical(original: str) -> str:
     _check_name(original, "subject", allow_empty=True)
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", original).casefold())
     canonical = _WS.sub(" ", folded).strip()

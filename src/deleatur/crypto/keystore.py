@@ -12,6 +12,7 @@ blind index (HMAC-SHA-256 under a key derived from the master key).
 from __future__ import annotations
 
 import hmac
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable
 from hashlib import sha256
@@ -33,6 +34,7 @@ KEYSTORE_SCHEMA_VERSION = 1
 _CHECK_PLAINTEXT = b"deleatur master key check v1"
 _NONCE = 12
 _CACHE_SIZE = 4096
+_LENGTH = struct.Struct(">I")
 
 
 def _hkdf(master: bytes, info: bytes) -> bytes:
@@ -41,11 +43,8 @@ def _hkdf(master: bytes, info: bytes) -> bytes:
 
 def _frame(parts: tuple[str | bytes, ...]) -> bytes:
     # Length-prefix every part so ("user1", "0") and ("user10", "") never collide.
-    out = bytearray()
-    for part in parts:
-        raw = part.encode("utf-8") if isinstance(part, str) else part
-        out += len(raw).to_bytes(4, "big") + raw
-    return bytes(out)
+    raws = [p.encode("utf-8") if isinstance(p, str) else p for p in parts]
+    return b"".join(_LENGTH.pack(len(raw)) + raw for raw in raws)
 
 
 class BlindIndex:

@@ -48,9 +48,10 @@ def policy(memory: Memory) -> dict[str, float | None]:
     return out
 
 
-def expiry_for(memory: Memory, space: Space, now: int) -> int | None:
+def retention_for(memory: Memory, space: Space) -> int | None:
+    """The retention period of ``space``'s kind, in microseconds (None: kept until erased)."""
     value = memory.backend.get_setting(f"retention.{space_kind(space)}")
-    return None if value is None else now + int(value)
+    return None if value is None else int(value)
 
 
 def purge(memory: Memory, *, older_than_days: float | None, request_id: str | None, dry_run: bool) -> ErasureResult:

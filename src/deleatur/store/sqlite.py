@@ -99,34 +99,43 @@ class SQLiteBackend:
     def atomic(self) -> AbstractContextManager[None]:
         return immediate(self._conn)
 
-    def insert(self, row: StoredRow, *, index_text: str, scope_token: str) -> None:
-        self._conn.execute(
-            f"INSERT INTO records({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                row.id,
-                row.tenant,
-                row.space.user_id,
-                row.space.agent_id,
-                row.space.run_id,
-                row.subject_ref,
-                row.key_ref,
-                row.key_id,
-                row.status.value,
-                row.supersedes,
-                row.confidence,
-                row.created_at,
-                row.updated_at,
-                row.expires_at,
-                row.ciphertext,
-            ),
+    def insert_many(self, rows: Sequence[tuple[StoredRow, str, str]]) -> None:
+        if not rows:
+            return
+        # Explicit rowids (we hold the write lock) let one executemany feed both tables.
+        (first,) = self._conn.execute("SELECT coalesce(max(rowid), 0) + 1 FROM records").fetchall()[0]
+        start = int(first)  # type: ignore[arg-type]
+        self._conn.executemany(
+            f"INSERT INTO records(rowid, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    start + n,
+                    row.id,
+                    row.tenant,
+                    row.space.user_id,
+                    row.space.agent_id,
+                    row.space.run_id,
+                    row.subject_ref,
+                    row.key_ref,
+                    row.key_id,
+                    row.status.value,
+                    row.supersedes,
+                    row.confidence,
+                    row.created_at,
+                    row.updated_at,
+                    row.expires_at,
+                    row.ciphertext,
+                )
+                for n, (row, _, _) in enumerate(rows)
+            ],
         )
-        rowid = self._conn.last_insert_rowid()
-        if row.derived_from:
-            self._conn.executemany(
-                "INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", [(row.id, p) for p in row.derived_from]
-            )
-        if row.status is Status.ACTIVE:
-            self._conn.execute("INSERT INTO ft(rowid, body, scope) VALUES (?, ?, ?)", (rowid, index_text, scope_token))
+        lineage = [(row.id, parent) for row, _, _ in rows for parent in row.derived_from]
+        if lineage:
+            self._conn.executemany("INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", lineage)
+        self._conn.executemany(
+            "INSERT INTO ft(rowid, body, scope) VALUES (?, ?, ?)",
+            [(start + n, text, scope) for n, (row, text, scope) in enumerate(rows) if row.status is Status.ACTIVE],
+        )
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> StoredRow | None:
         found = self._conn.execute(sql, args).fetchone()
