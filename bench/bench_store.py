@@ -412,6 +412,13 @@ def table(result: dict[str, Any]) -> Iterator[str]:
         growth = math.log(int(sizes[-1])) / math.log(int(sizes[0]))
         yield f"(ratio = {labels[-1]} / {labels[0]}; logarithmic growth would be log({sizes[-1]})/log({sizes[0]})"
         yield f" = {growth:.2f} for per-operation costs)"
+    if len(result["runs"]) > 1:
+        yield ""
+        yield "spread over the runs (min - max):"
+        for label, key in rows:
+            if key in TARGETS:
+                per_size = [[r[s][key] for r in result["runs"]] for s in sizes]
+                yield f"  {label:<42}" + "".join(f"{_fmt(min(v)) + ' - ' + _fmt(max(v)):>20}" for v in per_size)
     if result["rss"]:
         yield ""
         yield (
