@@ -922,7 +922,7 @@ class Memory:
         if not words:
             raise InvalidInputError("query has no searchable words")
         wanted = list(dict.fromkeys(_fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
-        frequency = self.backend.term_documents(wanted)
+        frequency = self.backend.term_documents(wanted, cap=_COMMON_TERM_DOCS)
         # A term in very many records weighs almost nothing in BM25 but makes the index
         # rank all of them: drop such terms when the query has rarer ones.
         rare = [w for w in wanted if frequency.get(w, 0) <= _COMMON_TERM_DOCS]

@@ -77,8 +77,8 @@ class Backend(Protocol):
         self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int, recent_first: bool = False
     ) -> list[tuple[StoredRow, float]]: ...
 
-    def term_documents(self, terms: Sequence[str]) -> dict[str, int]:
-        """Index document frequency of each (already folded) term; absent terms are left out."""
+    def term_documents(self, terms: Sequence[str], *, cap: int) -> dict[str, int]:
+        """Index document frequency of each (already folded) term, counted up to ``cap + 1``."""
         ...
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]: ...

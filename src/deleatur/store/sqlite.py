@@ -80,7 +80,6 @@ class SQLiteBackend:
         self._conn = conn
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
-        self._vocab = False
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -208,15 +207,16 @@ class SQLiteBackend:
         # FTS5's bm25() is "lower is better"; callers get "higher is better".
         return [(_row(r[:16]), -float(r[16] or 0.0)) for r in rows]
 
-    def term_documents(self, terms: Sequence[str]) -> dict[str, int]:
-        """How many indexed records hold each term (FTS5's own vocabulary, by lookup)."""
-        if not self._vocab:
-            self._conn.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.ft_vocab USING fts5vocab(main, ft, row)")
-            self._vocab = True
+    def term_documents(self, terms: Sequence[str], *, cap: int) -> dict[str, int]:
+        """How many indexed records hold each term, counted up to ``cap + 1`` (a
+        doclist walk that stops early; FTS5's vocabulary table scans instead)."""
         out = {}
         for term in terms:
-            for (doc,) in self._conn.execute("SELECT doc FROM temp.ft_vocab WHERE term = ?", (term,)):
-                out[term] = int(doc)
+            phrase = '"' + term.replace('"', '""') + '"'
+            (count,) = self._conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM ft WHERE ft MATCH ? LIMIT ?)", (f"body:{phrase}", cap + 1)
+            ).fetchall()[0]
+            out[term] = int(count)  # type: ignore[arg-type]
         return out
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]:
