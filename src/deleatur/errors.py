@@ -5,7 +5,11 @@ the shells map ``exit_code`` to the process exit status::
 
     DeleaturError                        exit 1 unless a subclass says otherwise
     ├── InvalidInputError                exit 2: the caller's input is wrong
-    │   └── NotFoundError                exit 2: unknown id, key or store
+    │   ├── NotFoundError                exit 2: unknown id, key or store
+    │   ├── erasure.engine.AmbiguousSubjectError      several spellings; allow_ambiguous
+    │   ├── erasure.engine.ConfirmationRequiredError  an agent must present its token
+    │   ├── erasure.engine.RequestIdReusedError       an id already names another erasure
+    │   └── rights.restriction.RestrictedSubjectError processing restricted (Art. 18)
     ├── StoreError                       exit 2: the store cannot be used as given
     │   ├── NotADeleaturStoreError       the file is not a deleatur store
     │   └── SchemaVersionError           the store was written by a newer deleatur
