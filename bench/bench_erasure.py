@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import deleatur
+from bench_log import print_results
 from bench_store import machine, percentile
 from deleatur import Memory, NewMemory
 from deleatur.erasure.verify import verify_certificate
@@ -108,18 +109,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = {"machine": machine(), **run(args.records, args.rounds)}
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    for name, value in results.items():
-        if name == "machine":
-            continue
-        target = TARGETS.get(name)
-        verdict = ""
-        if target is not None:
-            op, bound = target
-            verdict = f"  target {op} {bound:g}: {'met' if value <= bound else 'MISSED'}"
-        print(f"{name:24} {value:14,.3f}{verdict}" if isinstance(value, float) else f"{name:24} {value}")
+    print_results(results, TARGETS, as_json=args.json)
 
 
 if __name__ == "__main__":

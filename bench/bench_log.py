@@ -192,16 +192,20 @@ def main() -> None:
     results = {"machine": machine(), **run(args.entries, args.batch, args.seed)}
     if args.baseline_rev:
         results.update(compare(args.baseline_rev, args.compare_records))
-    if args.json:
+    print_results(results, TARGETS, as_json=args.json)
+
+
+def print_results(results: dict[str, Any], targets: dict[str, tuple[str, float]], *, as_json: bool) -> None:
+    """JSON, or one line per figure with its target and whether it was met."""
+    if as_json:
         print(json.dumps(results, indent=2))
         return
     for name, value in results.items():
         if name == "machine":
             continue
-        target = TARGETS.get(name)
         verdict = ""
-        if target is not None:
-            op, bound = target
+        if name in targets:
+            op, bound = targets[name]
             met = value >= bound if op == ">=" else value <= bound
             verdict = f"  target {op} {bound:g}: {'met' if met else 'MISSED'}"
         print(f"{name:32} {value:14,.3f}{verdict}" if isinstance(value, float) else f"{name:32} {value}")
