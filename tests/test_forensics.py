@@ -21,13 +21,15 @@ def _raw(store_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in store_files(store_path))
 
 
-def _vocabulary(store_path: Path) -> set[str]:
+def _vocabulary(store_path: Path) -> str:
+    """Every term of the full-text index, one per line (terms carry their space's
+    token as a prefix, so look for words as substrings)."""
     # A separate read-only connection, as a forensic examiner would open the file.
     conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS _unused(x)")  # temp schema is writable on a read-only db
         conn.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, ft, row)")
-        return {str(term) for (term,) in conn.execute("SELECT term FROM temp.v")}
+        return "\n".join(str(term) for (term,) in conn.execute("SELECT term FROM temp.v"))
     finally:
         conn.close()
 

@@ -68,7 +68,8 @@ _MAX_QUERY_TERMS = 32
 #: Query terms found in more records than this are dropped when rarer terms are present.
 _COMMON_TERM_DOCS = 10_000
 _MAX_RECALL = 1000
-_WORD = re.compile(r"\w+")
+# Word characters but "_", as FTS5's unicode61 tokenizer splits them.
+_TOKEN = re.compile(r"[^\W_]+")
 
 
 def _fold_term(word: str) -> str:
@@ -431,6 +432,11 @@ class Memory:
     def _key_ref(self, space: Space, key: str) -> bytes:
         return self.keys.index.ref("key", self.tenant, space.user_id, space.agent_id, space.run_id, key)
 
+    def _index_text(self, space: Space, text: str) -> str:
+        """What the full-text index receives: every word prefixed with its space's token."""
+        prefix = self._scope_token(space)
+        return " ".join(prefix + word for word in _TOKEN.findall(unicodedata.normalize("NFKC", text)))
+
     def _scope_token(self, space: Space) -> str:
         # One opaque token per space: the index matches it exactly, so "user1"
         # never matches "user10", and the index holds no user ids in clear.
@@ -524,7 +530,7 @@ class Memory:
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
             keys = self._live_keys(keys, seen)
             retention = retention_for(self, space)
-            pending: builtins.list[tuple[StoredRow, str, str]] = []
+            pending: builtins.list[tuple[StoredRow, str]] = []
             records = [
                 self._write(item, space, keys, events, retention=retention, pending=pending)
                 for item in self._check_lineage(batch)
@@ -583,7 +589,7 @@ class Memory:
         actor: str | None = None,
         erased: tuple[str, ...] = (),
         retention: int | None = None,
-        pending: builtins.list[tuple[StoredRow, str, str]] | None = None,
+        pending: builtins.list[tuple[StoredRow, str]] | None = None,
     ) -> Record:
         """Insert one record (inside the caller's transaction), superseding its key's current
         value, and queue its log entry: a salted commitment, never the text.
@@ -658,7 +664,7 @@ class Memory:
             ciphertext=nonce + aead.encrypt(nonce, payload, self._aad(record.id, subject_ref)),
             derived_from=record.derived_from,
         )
-        queued = (row, record.text, self._scope_token(space))
+        queued = (row, self._index_text(space, record.text))
         if pending is None:
             self.backend.insert_many([queued])
         else:
@@ -758,7 +764,7 @@ class Memory:
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:
         """Take an active row out of recall: new status, and its terms out of the index."""
-        self.backend.unindex(row.id, index_text=self._decrypt(row).text, scope_token=self._scope_token(row.space))
+        self.backend.unindex(row.id, index_text=self._index_text(row.space, self._decrypt(row).text))
         self.backend.set_status(row.id, status, now)
 
     def _purge(self, rows: Iterable[StoredRow]) -> int:
@@ -766,9 +772,7 @@ class Memory:
         doomed = list(rows)
         for row in doomed:
             if row.status is Status.ACTIVE:
-                self.backend.unindex(
-                    row.id, index_text=self._decrypt(row).text, scope_token=self._scope_token(row.space)
-                )
+                self.backend.unindex(row.id, index_text=self._index_text(row.space, self._decrypt(row).text))
         return self.backend.purge(row.id for row in doomed)
 
     def _hard_delete(self, record_ids: Iterable[str]) -> int:
@@ -918,10 +922,11 @@ class Memory:
         """Full-text search (BM25) over the active, unexpired records of one space."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
-        words = _WORD.findall(query if isinstance(query, str) else "")
+        words = _TOKEN.findall(unicodedata.normalize("NFKC", query) if isinstance(query, str) else "")
         if not words:
             raise InvalidInputError("query has no searchable words")
-        wanted = list(dict.fromkeys(_fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
+        prefix = self._scope_token(space)
+        wanted = list(dict.fromkeys(prefix + _fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
         frequency = self.backend.term_documents(wanted, cap=_COMMON_TERM_DOCS)
         # A term in very many records weighs almost nothing in BM25 but makes the index
         # rank all of them: drop such terms when the query has rarer ones.
@@ -929,7 +934,7 @@ class Memory:
         # If every term is that common, ranking is near meaningless: newest matches first.
         kept = rare or wanted
         terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in kept)
-        fts = f"body:({terms}) AND scope:{self._scope_token(space)}"
+        fts = f"body:({terms})"
         hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit, recent_first=not rare)
         return [Hit(self._decrypt(row), score) for row, score in hits]
 

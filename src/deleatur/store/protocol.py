@@ -56,8 +56,8 @@ class Backend(Protocol):
         """One write transaction; everything inside commits together or not at all."""
         ...
 
-    def insert_many(self, rows: Sequence[tuple[StoredRow, str, str]]) -> None:
-        """Insert rows, each with the text and scope token its index entry gets (active rows)."""
+    def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
+        """Insert rows, each with the text its index entry gets (active rows only)."""
         ...
 
     def get(self, tenant: str, record_id: str) -> StoredRow | None: ...
@@ -68,7 +68,7 @@ class Backend(Protocol):
 
     def set_status(self, record_id: str, status: Status, updated_at: int) -> None: ...
 
-    def unindex(self, record_id: str, *, index_text: str, scope_token: str) -> None:
+    def unindex(self, record_id: str, *, index_text: str) -> None:
         """Remove a row's terms from the full-text index. The caller passes exactly what
         it indexed: a contentless index can only remove terms it is told."""
         ...

@@ -47,7 +47,9 @@ def _v1(conn: apsw.Connection) -> None:
         # Contentless: the index keeps terms, never a copy of the text. Not
         # contentless_delete=1: that records deletions as tombstones and leaves the
         # terms on disk until a merge; removal goes through the 'delete' command instead.
-        "CREATE VIRTUAL TABLE ft USING fts5(body, scope, content='', tokenize='unicode61 remove_diacritics 2')",
+        # Every indexed word carries its space's opaque token as a prefix, so each space
+        # has posting lists of its own: a query touches only its space's records.
+        "CREATE VIRTUAL TABLE ft USING fts5(body, content='', tokenize='unicode61 remove_diacritics 2')",
         # Deleting from the index removes the terms from its b-tree pages instead of
         # recording a delete marker beside them (SQLite >= 3.42).
         "INSERT INTO ft(ft, rank) VALUES ('secure-delete', 1)",

@@ -98,7 +98,7 @@ class SQLiteBackend:
     def atomic(self) -> AbstractContextManager[None]:
         return immediate(self._conn)
 
-    def insert_many(self, rows: Sequence[tuple[StoredRow, str, str]]) -> None:
+    def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
             return
         # Explicit rowids (we hold the write lock) let one executemany feed both tables.
@@ -125,15 +125,15 @@ class SQLiteBackend:
                     row.expires_at,
                     row.ciphertext,
                 )
-                for n, (row, _, _) in enumerate(rows)
+                for n, (row, _) in enumerate(rows)
             ],
         )
-        lineage = [(row.id, parent) for row, _, _ in rows for parent in row.derived_from]
+        lineage = [(row.id, parent) for row, _ in rows for parent in row.derived_from]
         if lineage:
             self._conn.executemany("INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", lineage)
         self._conn.executemany(
-            "INSERT INTO ft(rowid, body, scope) VALUES (?, ?, ?)",
-            [(start + n, text, scope) for n, (row, text, scope) in enumerate(rows) if row.status is Status.ACTIVE],
+            "INSERT INTO ft(rowid, body) VALUES (?, ?)",
+            [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE],
         )
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> StoredRow | None:
@@ -170,10 +170,10 @@ class SQLiteBackend:
             "UPDATE records SET status = ?, updated_at = ? WHERE id = ?", (status.value, updated_at, record_id)
         )
 
-    def unindex(self, record_id: str, *, index_text: str, scope_token: str) -> None:
+    def unindex(self, record_id: str, *, index_text: str) -> None:
         self._conn.execute(
-            "INSERT INTO ft(ft, rowid, body, scope) SELECT 'delete', rowid, ?, ? FROM records WHERE id = ?",
-            (index_text, scope_token, record_id),
+            "INSERT INTO ft(ft, rowid, body) SELECT 'delete', rowid, ? FROM records WHERE id = ?",
+            (index_text, record_id),
         )
 
     def search(
@@ -189,7 +189,7 @@ class SQLiteBackend:
         while True:
             rows = self._conn.execute(
                 f"SELECT {_R_COLUMNS}, {_LINEAGE}, c.score FROM"
-                f" (SELECT rowid, bm25(ft, 1.0, 0.0) AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
+                f" (SELECT rowid, bm25(ft) AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
                 f" JOIN records r ON r.rowid = c.rowid WHERE {_SPACE} AND r.status = 'ACTIVE'"
                 " AND (r.expires_at IS NULL OR r.expires_at > ?)"
                 " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
