@@ -443,7 +443,9 @@ class Memory:
         token = self._scope_tokens.get(space)
         if token is None:
             ref = self.keys.index.ref("scope", self.tenant, space.user_id, space.agent_id, space.run_id)
-            token = self._scope_tokens[space] = "s" + ref.hex()
+            # 48 bits: short, so the index stays small; two spaces sharing a prefix would
+            # only share posting lists, since search filters on the space columns too.
+            token = self._scope_tokens[space] = "s" + ref.hex()[:12]
             if len(self._scope_tokens) > 4096:
                 self._scope_tokens.pop(next(iter(self._scope_tokens)))
         return token
