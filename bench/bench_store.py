@@ -16,8 +16,8 @@ written under a fact key (so some writes supersede an earlier value). Queries ar
 (a second mix draws them uniformly, so mostly rare words).
 
 Stores are made with ``Memory.open(..., create=True)``, which gives them no signing
-key; ``--signed`` uses ``Memory.init`` instead, so every write transaction also
-signs a log checkpoint (what a store made by ``deleatur init`` does).
+key; ``--signed`` uses ``Memory.init`` instead, so writes also sign the log's
+checkpoints (what a store made by ``deleatur init`` does).
 """
 
 from __future__ import annotations
