@@ -184,12 +184,15 @@ class SQLiteBackend:
         # ``recent_first`` takes the newest matches instead (FTS5 walks its doclist
         # backwards and stops): for queries whose every term is in most records.
         order = "rowid DESC" if recent_first else "score"
+        # bm25() walks every match of every term on its first call, so the recency
+        # path, which does not rank, reports no score rather than paying for one.
+        score = "0.0" if recent_first else "bm25(ft)"
         outer = "r.rowid DESC" if recent_first else "c.score"
         window = max(limit * 4, 32)
         while True:
             rows = self._conn.execute(
                 f"SELECT {_R_COLUMNS}, {_LINEAGE}, c.score FROM"
-                f" (SELECT rowid, bm25(ft) AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
+                f" (SELECT rowid, {score} AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
                 f" JOIN records r ON r.rowid = c.rowid WHERE {_SPACE} AND r.status = 'ACTIVE'"
                 " AND (r.expires_at IS NULL OR r.expires_at > ?)"
                 " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
