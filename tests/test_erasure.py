@@ -85,6 +85,9 @@ def test_traces_keep_no_name_and_the_pseudonym_cannot_be_recomputed(memory: Memo
     request = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
     assert request.subject_pseudonym == before
     assert memory.keys.pseudonym(memory.tenant, ref, "alice smith") is None
+    from deleatur.model import _canonical
+
+    assert _canonical.cache_info().currsize == 0  # no erased name left in the process's cache
     conn = memory.backend._conn  # type: ignore[attr-defined]
     rows = repr(conn.execute("SELECT * FROM erasure_requests").fetchall()).lower()
     log = b"".join(raw for _, raw in memory.backend.log_entries()).lower()

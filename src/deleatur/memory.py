@@ -352,7 +352,7 @@ class Memory:
         index = indexes[0]
         note = self.checkpoint()
         size = Checkpoint.parse(note.text).size
-        entry = next(raw for _, raw in self.backend.log_entries(index, index + 1))
+        entry = self.log.entry(index)
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
         return Receipt(record_id=record_id, entry=entry, proof=proof)
 
@@ -362,7 +362,7 @@ class Memory:
         size = Checkpoint.parse(note.text).size
         if not 0 <= index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
-        entry = next(raw for _, raw in self.backend.log_entries(index, index + 1))
+        entry = self.log.entry(index)
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
 
     def consistency_request(self, old: Note) -> str:

@@ -58,6 +58,12 @@ def canonical_subject(original: str) -> str:
     return _canonical(original)
 
 
+def forget_cached_subjects() -> None:
+    """Empty the canonicalization cache, which holds subject names in process memory:
+    an erasure calls it, so an erased name does not outlive the erasure there."""
+    _canonical.cache_clear()
+
+
 @functools.lru_cache(maxsize=8192)  # every write canonicalizes its subject, mostly a known one
 def _canonical(original: str) -> str:
     _check_name(original, "subject", allow_empty=True)

@@ -52,7 +52,7 @@ def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
     wal_truncated = memory.backend.scrub()
     tombstones = []
     for index in request.tombstones:
-        entry = next(raw for _, raw in memory.backend.log_entries(index, index + 1))
+        entry = memory.log.entry(index)
         proof = memory.log.inclusion_proof(index, size)
         tombstones.append(
             {

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import SpaceFilter, canonical_subject
+from ..model import SpaceFilter, canonical_subject, forget_cached_subjects
 from .plan import ErasurePlan, build_plan
 from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id
 
@@ -236,6 +236,7 @@ def erase(
         with memory.backend.atomic():
             memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise
+    forget_cached_subjects()
     done = finish_pending(memory, request)
     # Last, so no page image of the erased rows (nor of the request's update) stays in the
     # -wal. If another connection's open read snapshot prevents it, the request says so.

@@ -67,6 +67,11 @@ class TransparencyLog:
         hashes = dict(zip(recorder.positions, self.backend.log_nodes(recorder.positions), strict=True))
         return compute(lambda level, index: hashes[(level, index)])
 
+    def entry(self, index: int) -> bytes:
+        for _, raw in self.backend.log_entries(index, index + 1):
+            return raw
+        raise LogError(f"the log has no entry {index}")
+
     def root(self, size: int) -> bytes:
         self._check_size(size)
         return self._batched(lambda node: [subtree_root(0, size, node)])[0]
