@@ -7,6 +7,7 @@ python3 dev.py test   # install into .venv, then ruff, mypy --strict and the tes
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -37,6 +38,23 @@ def _install() -> None:
         stamp.touch()
 
 
+def _interop_python() -> None:
+    """The interop tests check our formats with aics-tlog, which needs Python >= 3.12:
+    give it an environment of its own when such a Python is on this machine."""
+    if (ROOT / ".venv-interop" / "bin" / "python").exists():
+        return
+    home = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    # pyenv's shims answer to names they cannot run: try each candidate for real.
+    candidates = [str(p) for p in sorted(home.glob("versions/3.1[2-9]*/bin/python3"))] + ["python3.12", "python3.13"]
+    for candidate in candidates:
+        probe = [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"]
+        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+            print("creating .venv-interop for the aics-tlog interop tests", flush=True)
+            _run(candidate, "-m", "venv", ROOT / ".venv-interop")
+            _run(ROOT / ".venv-interop" / "bin" / "python", "-m", "pip", "install", "--quiet", "aics-tlog")
+            return
+
+
 def demo() -> None:
     _install()
     _run(BIN / "python", ROOT / "examples" / "walkthrough.py")
@@ -44,6 +62,7 @@ def demo() -> None:
 
 def test() -> None:
     _install()
+    _interop_python()
     _run(BIN / "ruff", "check", "src", "tests", "bench", "examples", "dev.py")
     _run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "examples", "dev.py")
     _run(BIN / "mypy")
