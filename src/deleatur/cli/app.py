@@ -23,6 +23,7 @@ from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import erasure as _erasure_commands  # noqa: F401  (registers the erasure commands)
 from . import rights as _rights_commands  # noqa: F401  (registers the restriction commands)
+from . import serve as _serve_commands  # noqa: F401  (registers deleatur serve)
 from .common import (
     AgentOpt,
     JsonOpt,

@@ -80,6 +80,22 @@ class ErasureRequest:
             return self.completed_at <= self.deadline
         return False if now > self.deadline else None
 
+    def phases(self) -> list[dict[str, Any]]:
+        """Where the request stands, phase by phase, for status endpoints.
+
+        Erasure is synchronous today: records, index terms and tombstones go in one
+        transaction, then the keys. The phases are named now so that a later
+        asynchronous cascade adds phases without changing the shape callers read.
+        """
+        erased = "failed" if self.status is RequestStatus.FAILED else "done"
+        keys = {RequestStatus.FAILED: "not_started", RequestStatus.KEYS_PENDING: "pending"}.get(self.status, "done")
+        done_at = None if self.completed_at is None else isoformat(self.completed_at)
+        return [
+            {"name": "received", "status": "done", "at": isoformat(self.received_at)},
+            {"name": "records_erased", "status": erased, "at": done_at if erased == "done" else None},
+            {"name": "keys_destroyed", "status": keys, "at": done_at if keys == "done" else None},
+        ]
+
     def to_row(self) -> dict[str, Any]:
         return {
             "tenant": self.tenant,
@@ -140,4 +156,5 @@ class ErasureRequest:
             "error": self.error,
             "counts": self.counts,
             "tombstones": list(self.tombstones),
+            "phases": self.phases(),
         }

@@ -1,0 +1,74 @@
+"""``deleatur serve http|mcp``: the store behind the HTTP API or an MCP server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from ..crypto.master import from_environment
+from ..memory import Memory
+from ..servers.http import DEFAULT_MAX_BODY_BYTES, create_app
+from ..servers.mcp import build_server
+from ..servers.pool import HandlePool
+from .common import Options, app, err
+
+serve_app = typer.Typer(help="Serve the store over HTTP or MCP.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+
+
+class Transport(StrEnum):
+    stdio = "stdio"
+    http = "http"
+
+
+def _opener() -> Callable[[], Memory]:
+    """Opens the configured store; tried once now, so a wrong path or key fails here."""
+    master = from_environment(Options.store, Options.key_file)
+
+    def open_memory() -> Memory:
+        return Memory.open(Options.store, master, tenant=Options.tenant)
+
+    open_memory().close()
+    return open_memory
+
+
+@serve_app.command("http")
+def serve_http(
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8765,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", min=1, help="Larger request bodies get 413.")
+    ] = DEFAULT_MAX_BODY_BYTES,
+) -> None:
+    """The HTTP API (OpenAPI at /openapi.json)."""
+    application = create_app(_opener(), max_body_bytes=max_body_bytes)
+    err.print(f"deleatur HTTP API on http://{host}:{port} (OpenAPI at /openapi.json)", markup=False)
+    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
+@serve_app.command("mcp")
+def serve_mcp(
+    transport: Annotated[Transport, typer.Option("--transport", help="stdio (local operator) or http.")] = (
+        Transport.stdio
+    ),
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8766,
+) -> None:
+    """An MCP server: over stdio for a local client, or streamable HTTP at /mcp."""
+    pool = HandlePool(_opener())
+    server = build_server(pool)
+    try:
+        if transport is Transport.stdio:
+            server.run("stdio")
+        else:
+            err.print(f"deleatur MCP server on http://{host}:{port}/mcp", markup=False)
+            uvicorn.run(server.streamable_http_app(host=host), host=host, port=port, log_level="warning")
+    finally:
+        pool.close()

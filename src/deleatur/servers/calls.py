@@ -1,0 +1,44 @@
+"""Library calls both servers make that are more than one method call: kept here
+once, so the HTTP routes and the MCP tools cannot drift apart."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from ..erasure.verify import verify_certificate
+from ..log.note import parse_verifier
+from ..log.receipt import Receipt, verify_receipt
+from ..log.report import Report
+from ..log.tlog import LogError
+from ..memory import Memory
+
+
+def public_key(memory: Memory) -> dict[str, str]:
+    """The log's current verifier key, to give to verifiers out of band."""
+    if memory.log.signer is None:
+        raise LogError("this store has no signing key")
+    verifier = memory.log.signer.verifier
+    return {"vkey": verifier.vkey, "public_key": verifier.public_key.hex(), "origin": memory.log.origin}
+
+
+def check_receipt(memory: Memory, receipt: Any, key: str | None) -> Report:
+    """A receipt checked under ``key`` (a verifier key or 64 hex digits) or, unpinned,
+    under the keys the store itself announced."""
+    parsed = Receipt.from_json(receipt)
+    if key is not None:
+        return verify_receipt(parsed, [parse_verifier(key, memory.log.origin)], pinned=True)
+    return verify_receipt(parsed, memory.log.verifiers(), pinned=False)
+
+
+def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | None) -> Report:
+    """An erasure certificate verified offline, under a pinned key if one is given."""
+    key = None if expected_pubkey is None else parse_verifier(expected_pubkey, memory.log.origin)
+    return verify_certificate(certificate, expected_key=key)
+
+
+def new_request_id(given: str | None, prefix: str) -> str:
+    """The caller's request id, else a random one. Never derived from the subject: a
+    request id outlives the erasure, and a hash of a name is the name to anyone who
+    can guess it."""
+    return given if given is not None else f"{prefix}-{secrets.token_hex(12)}"

@@ -1,0 +1,68 @@
+"""Library errors as the servers report them: an HTTP status and a stable code.
+
+The code is part of the API (clients branch on it); the message is the
+library's, which never quotes record text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, RequestIdReusedError
+from ..errors import (
+    DataKeyDestroyedError,
+    DeleaturError,
+    IntegrityError,
+    InvalidInputError,
+    KeyStoreError,
+    MasterKeyError,
+    NotFoundError,
+    StoreError,
+)
+from ..log.entries import EntryError
+from ..log.merkle import ProofError
+from ..log.note import NoteError
+from ..log.tlog import LogError
+from ..rights.restriction import RestrictedSubjectError
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    status: int
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+# The most specific class of an error's MRO that is listed here decides.
+_STATUS: dict[type[DeleaturError], tuple[int, str]] = {
+    NotFoundError: (404, "not_found"),
+    AmbiguousSubjectError: (409, "ambiguous_subject"),
+    ConfirmationRequiredError: (428, "confirmation_required"),
+    RequestIdReusedError: (409, "request_id_reused"),
+    RestrictedSubjectError: (409, "subject_restricted"),
+    InvalidInputError: (422, "invalid_input"),
+    NoteError: (422, "invalid_signed_note"),
+    EntryError: (422, "invalid_log_entry"),
+    ProofError: (422, "proof_failed"),
+    LogError: (409, "log_error"),
+    DataKeyDestroyedError: (410, "data_key_destroyed"),
+    MasterKeyError: (503, "master_key_error"),
+    KeyStoreError: (500, "key_store_error"),
+    StoreError: (503, "store_unavailable"),
+    IntegrityError: (500, "integrity_error"),
+}
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """How a server reports ``exc``. An error deleatur did not raise on purpose is
+    reported by its type name only: its message may quote data."""
+    if isinstance(exc, DeleaturError):
+        for cls in type(exc).__mro__:
+            if cls in _STATUS:
+                status, code = _STATUS[cls]
+                return ErrorInfo(status, code, exc.message)
+        return ErrorInfo(500, "deleatur_error", exc.message)
+    return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")

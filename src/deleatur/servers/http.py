@@ -1,0 +1,505 @@
+"""The HTTP API (FastAPI, served by uvicorn): ``deleatur serve http``.
+
+Every route calls one library method on a leased handle and returns its JSON;
+errors come back as ``{"error": {"code", "message"}}`` with the status and the
+stable code of :mod:`.errors`. OpenAPI is at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from ..clock import isoformat, system_clock
+from ..erasure.engine import ErasureResult
+from ..errors import DeleaturError
+from ..memory import Memory
+from ..model import Space, SpaceFilter
+from .calls import check_certificate, check_receipt, new_request_id, public_key
+from .errors import ErrorInfo, error_info
+from .pool import HandlePool
+
+#: The largest request body accepted: a record's text is at most 64 KiB, so 1 MiB
+#: leaves room for metadata and certificates to verify, and no more.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_BASIS = "Art. 17"
+
+T = TypeVar("T")
+
+# Parameter types; at module level so FastAPI can resolve them (annotations are strings here).
+User = Annotated[str, Query(description="user_id of the memory space.")]
+Agent = Annotated[str, Query(description="agent_id of the memory space.")]
+Run = Annotated[str, Query(description="run_id of the memory space.")]
+Idempotency = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="The erasure's request id: repeating it returns the first result. Without it a new id is made.",
+    ),
+]
+Confirm = Annotated[str | None, Query(description="The token a dry run issued (agents must present one).")]
+Basis = Annotated[str, Query(description="Legal basis of the erasure.")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpaceBody(_Body):
+    user_id: str = "default"
+    agent_id: str = ""
+    run_id: str = ""
+
+    def space(self) -> Space:
+        return Space(self.user_id, self.agent_id, self.run_id)
+
+
+class RememberBody(SpaceBody):
+    text: str
+    subject: str
+    key: str | None = None
+    metadata: dict[str, Any] | None = None
+    source: str | None = None
+    confidence: float | None = None
+    derived_from: list[str] = Field(default_factory=list)
+    expires_at: int | None = Field(default=None, description="Microseconds since the epoch.")
+    for_legal_claim: bool = False
+
+
+class ForgetBody(SpaceBody):
+    id: str | None = None
+    key: str | None = None
+
+
+class RectifyBody(SpaceBody):
+    key: str
+    text: str
+    reason: str
+    actor: str | None = Field(default=None, description="Who corrects it [default: the caller].")
+    erase_previous: bool = False
+    for_legal_claim: bool = False
+
+
+class ErasurePlanBody(_Body):
+    subject: str | None = Field(default=None, description="Omit, with user_id set, for an account erasure plan.")
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    issue_token: bool = False
+
+
+class PurgeBody(_Body):
+    older_than_days: float | None = None
+    request_id: str | None = None
+    dry_run: bool = False
+
+
+class RestrictBody(_Body):
+    subject: str
+    reason: str
+
+
+class VerifyReceiptBody(_Body):
+    receipt: dict[str, Any]
+    key: str | None = Field(default=None, description="The log's verifier key, obtained out of band.")
+
+
+class VerifyCertificateBody(_Body):
+    certificate: dict[str, Any]
+    expected_pubkey: str | None = None
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """413 for a body over ``limit`` bytes, by its Content-Length or, for a chunked
+    body, as soon as the bytes read pass it."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._refuse(send)
+            return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _BodyTooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        info = ErrorInfo(413, "body_too_large", f"request body over {self.limit} bytes")
+        await JSONResponse(info.to_json(), status_code=413)({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _error(info: ErrorInfo) -> JSONResponse:
+    return JSONResponse(info.to_json(), status_code=info.status)
+
+
+def _erasure_accepted(result: ErasureResult) -> JSONResponse:
+    """202 with where to follow the request; a repeated request id answers the same."""
+    request = result.request
+    assert request is not None
+    status_url = f"/v1/erasures/{request.id}"
+    body: dict[str, Any] = {
+        "request_id": request.id,
+        "status": request.status.value,
+        "requested_at": isoformat(request.received_at),
+        "completed_at": None if request.completed_at is None else isoformat(request.completed_at),
+        "repeated": result.repeated,
+        "counts": request.counts,
+        "status_url": status_url,
+        "certificate_url": f"/v1/erasures/{request.id}/certificate" if request.counts.get("records") else None,
+    }
+    return JSONResponse(body, status_code=202, headers={"Location": status_url})
+
+
+def _plan(result: ErasureResult) -> dict[str, Any]:
+    assert result.plan is not None
+    return {"dry_run": True, "plan": result.plan.to_json(), "token": result.token}
+
+
+def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The API over the store ``open_memory`` opens (called once per concurrent request,
+    at most; see :class:`.pool.HandlePool`)."""
+    pool = HandlePool(open_memory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close()
+
+    app = FastAPI(
+        title="deleatur",
+        version=__version__,
+        description="Agent memory with every GDPR data-subject right built in.",
+        lifespan=lifespan,
+    )
+    app.state.pool = pool
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.exception_handler(DeleaturError)
+    async def _deleatur_error(_: Request, exc: DeleaturError) -> JSONResponse:
+        return _error(error_info(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Field locations and reasons only: pydantic's "input" echoes the caller's data.
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return _error(ErrorInfo(422, "invalid_request", where))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(ErrorInfo(exc.status_code, code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _error(error_info(exc))
+
+    def serve(call: Callable[[Memory], T]) -> T:
+        """Run one library call on a leased handle (routes run in worker threads)."""
+        with pool.lease() as memory:
+            return call(memory)
+
+    def space(user_id: str, agent_id: str, run_id: str) -> Space:
+        return Space(user_id, agent_id, run_id)
+
+    # -- memories --------------------------------------------------------------------
+
+    @app.post("/v1/memories", status_code=201, tags=["memories"])
+    def remember(body: RememberBody) -> dict[str, Any]:
+        """Write one memory; a new value for an existing key supersedes the old one."""
+        return serve(
+            lambda m: m.remember(
+                body.text,
+                subject=body.subject,
+                space=body.space(),
+                key=body.key,
+                metadata=body.metadata,
+                source=body.source,
+                confidence=body.confidence,
+                derived_from=body.derived_from,
+                expires_at=body.expires_at,
+                for_legal_claim=body.for_legal_claim,
+            ).to_json()
+        )
+
+    @app.get("/v1/memories/search", tags=["memories"])
+    def recall(
+        q: Annotated[str, Query(description="Words to search for (BM25).")],
+        limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+        user_id: User = "default",
+        agent_id: Agent = "",
+        run_id: Run = "",
+    ) -> dict[str, Any]:
+        """Full-text search over the active memories of one space, best first."""
+        hits = serve(lambda m: m.recall(q, space=space(user_id, agent_id, run_id), limit=limit))
+        return {"hits": [{**h.record.to_json(), "score": h.score} for h in hits]}
+
+    @app.get("/v1/memories/{record_id}", tags=["memories"])
+    def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+        return serve(lambda m: m.get(record_id, space=space(user_id, agent_id, run_id)).to_json())
+
+    @app.get("/v1/memories", tags=["memories"])
+    def list_(
+        subject: str | None = None,
+        key: str | None = None,
+        history: Annotated[bool, Query(description="Include retired and superseded records.")] = False,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        user_id: User = "default",
+        agent_id: Agent = "",
+        run_id: Run = "",
+    ) -> dict[str, Any]:
+        """Records of one space, oldest first (active ones unless ``history``)."""
+        where = space(user_id, agent_id, run_id)
+        records = serve(
+            lambda m: [
+                r.to_json() for r in m.list(space=where, subject=subject, key=key, include_history=history, limit=limit)
+            ]
+        )
+        return {"records": records}
+
+    @app.get("/v1/history", tags=["memories"])
+    def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+        """Every version of a key, oldest first."""
+        records = serve(lambda m: m.history(key, space=space(user_id, agent_id, run_id)))
+        return {"records": [r.to_json() for r in records]}
+
+    @app.post("/v1/forget", tags=["memories"])
+    def forget(body: ForgetBody) -> dict[str, Any]:
+        """Retire a memory (by id or key): no longer recalled, kept in history."""
+        return serve(lambda m: m.forget(space=body.space(), record_id=body.id, key=body.key).to_json())
+
+    @app.post("/v1/rectify", tags=["memories"])
+    def rectify(body: RectifyBody) -> dict[str, Any]:
+        """Art. 16: supersede the value of a key with a corrected one."""
+        return serve(
+            lambda m: m.rectify(
+                body.key,
+                body.text,
+                reason=body.reason,
+                actor=body.actor or "http",
+                space=body.space(),
+                erase_previous=body.erase_previous,
+                for_legal_claim=body.for_legal_claim,
+            ).to_json()
+        )
+
+    @app.get("/v1/memories/{record_id}/receipt", tags=["log"])
+    def receipt(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+        """A signed write receipt, verifiable later with the public key alone."""
+        return serve(lambda m: m.receipt(record_id, space=space(user_id, agent_id, run_id)).to_json())
+
+    # -- erasure (Art. 17) -------------------------------------------------------------
+
+    @app.delete("/v1/subjects/{subject:path}", status_code=202, tags=["erasure"])
+    def erase(
+        subject: str,
+        idempotency_key: Idempotency = None,
+        basis: Basis = DEFAULT_BASIS,
+        user_id: Annotated[str | None, Query(description="Only this user's spaces.")] = None,
+        agent_id: Annotated[str | None, Query(description="Only this agent's spaces.")] = None,
+        run_id: Annotated[str | None, Query(description="Only this run's spaces.")] = None,
+        allow_ambiguous: bool = False,
+        confirmation: Confirm = None,
+    ) -> JSONResponse:
+        """Art. 17: erase every record of a subject (all spaces unless narrowed), with
+        signed tombstones, and destroy its key. Answers 202 with the request to follow."""
+        result = serve(
+            lambda m: m.erase(
+                subject,
+                request_id=new_request_id(idempotency_key, "HTTP"),
+                basis=basis,
+                requester="http",
+                scope=SpaceFilter(user_id, agent_id, run_id),
+                allow_ambiguous=allow_ambiguous,
+                confirmation=confirmation,
+            )
+        )
+        return _erasure_accepted(result)
+
+    @app.delete("/v1/users/{user_id}", status_code=202, tags=["erasure"])
+    def erase_all(
+        user_id: str,
+        idempotency_key: Idempotency = None,
+        basis: Basis = DEFAULT_BASIS,
+        agent_id: Annotated[str | None, Query(description="Only this agent's space.")] = None,
+        run_id: Annotated[str | None, Query(description="Only this run's space.")] = None,
+        confirmation: Confirm = None,
+    ) -> JSONResponse:
+        """Account deletion: every space of one user (or one, with agent/run), no other user's."""
+        result = serve(
+            lambda m: m.erase_all(
+                user_id=user_id,
+                agent_id=agent_id,
+                run_id=run_id,
+                request_id=new_request_id(idempotency_key, "HTTP"),
+                basis=basis,
+                requester="http",
+                confirmation=confirmation,
+            )
+        )
+        return _erasure_accepted(result)
+
+    @app.post("/v1/erasure-plans", tags=["erasure"])
+    def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
+        """A dry run: what an erasure would remove (and, with ``issue_token``, its token)."""
+        if body.subject is None:
+            result = serve(
+                lambda m: m.erase_all(
+                    user_id=body.user_id or "",
+                    agent_id=body.agent_id,
+                    run_id=body.run_id,
+                    request_id="plan",
+                    basis=DEFAULT_BASIS,
+                    requester="http",
+                    dry_run=True,
+                    issue_token=body.issue_token,
+                )
+            )
+        else:
+            subject = body.subject
+            result = serve(
+                lambda m: m.erase(
+                    subject,
+                    request_id="plan",
+                    basis=DEFAULT_BASIS,
+                    requester="http",
+                    scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),
+                    dry_run=True,
+                    issue_token=body.issue_token,
+                )
+            )
+        return _plan(result)
+
+    @app.get("/v1/erasures", tags=["erasure"])
+    def erasures() -> dict[str, Any]:
+        """Every erasure request, with its Art. 12(3) deadline and whether it was met."""
+        now = system_clock()
+        return {"requests": [r.to_json(now) for r in serve(lambda m: m.erasure_requests())]}
+
+    @app.get("/v1/erasures/{request_id}", tags=["erasure"])
+    def erasure_status(request_id: str) -> dict[str, Any]:
+        """A request's status and phases, with timestamps."""
+        found = serve(lambda m: m.erasure_request(request_id))
+        return {"request_id": found.id, **found.to_json(system_clock())}
+
+    @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"])
+    def erasure_certificate(request_id: str) -> dict[str, Any]:
+        """The signed erasure certificate, verifiable offline with the public key alone."""
+        return serve(lambda m: m.certificate(request_id))
+
+    @app.post("/v1/certificates/verify", tags=["erasure"])
+    def verify_certificate_route(body: VerifyCertificateBody) -> dict[str, Any]:
+        """Verify a certificate offline (pin the key you got out of band with expected_pubkey)."""
+
+        return serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
+
+    @app.post("/v1/purge", tags=["erasure"])
+    def purge(body: PurgeBody) -> Response:
+        """Art. 5(1)(e): hard-delete expired records (and those older than older_than_days)."""
+        result = serve(
+            lambda m: m.purge(older_than_days=body.older_than_days, request_id=body.request_id, dry_run=body.dry_run)
+        )
+        return JSONResponse(_plan(result)) if result.request is None else _erasure_accepted(result)
+
+    # -- restriction, export -------------------------------------------------------------
+
+    @app.post("/v1/restrictions", status_code=201, tags=["rights"])
+    def restrict(body: RestrictBody) -> dict[str, Any]:
+        """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
+        return serve(lambda m: m.restrict(body.subject, reason=body.reason, actor="http").to_json())
+
+    @app.get("/v1/restrictions", tags=["rights"])
+    def restrictions() -> dict[str, Any]:
+        return {"restrictions": [r.to_json() for r in serve(lambda m: m.restrictions())]}
+
+    @app.delete("/v1/restrictions/{subject:path}", tags=["rights"])
+    def unrestrict(subject: str) -> dict[str, Any]:
+        serve(lambda m: m.unrestrict(subject, actor="http"))
+        return {"unrestricted": True}
+
+    @app.get("/v1/export", tags=["rights"])
+    def export(subject: str | None = None, user_id: str | None = None) -> Response:
+        """Art. 15/20: everything held about a subject or a user (deleatur-export/v1)."""
+        # Held in memory, never spooled to disk: an export is the subject's plaintext,
+        # and a temporary file would outlive a later erasure in the disk's free blocks.
+        buffer = io.StringIO()
+        serve(lambda m: m.export_json(buffer, subject=subject, user_id=user_id))
+        return Response(buffer.getvalue(), media_type="application/json")
+
+    # -- the log ---------------------------------------------------------------------------
+
+    @app.get("/v1/public-key", tags=["log"])
+    def public_key_route() -> dict[str, str]:
+        """The log's current verifier key, to give to verifiers out of band."""
+        return serve(public_key)
+
+    @app.get("/v1/checkpoint", tags=["log"])
+    def checkpoint() -> dict[str, Any]:
+        """The latest signed checkpoint (a C2SP signed note)."""
+        return {"checkpoint": serve(lambda m: m.checkpoint().format())}
+
+    @app.get("/v1/log/entries", tags=["log"])
+    def log_entries(
+        start: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> dict[str, Any]:
+        """Content-free log entries with their indexes: the audit trail of writes and erasures."""
+        rows = serve(lambda m: list(m.backend.log_entries(start, start + limit)))
+        return {"entries": [{"index": index, "entry": json.loads(raw)} for index, raw in rows]}
+
+    @app.get("/v1/log/verify", tags=["log"])
+    def log_verify() -> dict[str, Any]:
+        """Re-derive the whole log and check every checkpoint."""
+        return serve(lambda m: m.verify_log().to_json())
+
+    @app.post("/v1/receipts/verify", tags=["log"])
+    def verify_receipt_route(body: VerifyReceiptBody) -> dict[str, Any]:
+        """Check a write receipt, against the key given or (unpinned) the store's own keys."""
+
+        return serve(lambda m: check_receipt(m, body.receipt, body.key).to_json())
+
+    return app
+
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "create_app"]

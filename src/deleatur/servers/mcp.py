@@ -1,0 +1,398 @@
+"""The MCP server (official SDK): ``deleatur serve mcp`` over stdio or streamable HTTP.
+
+Each tool calls one library method and answers with a short, exact message for
+the model and the same facts as structured content. Tools take the memory-space
+arguments ``user_id="default"``, ``agent_id=""``, ``run_id=""`` where they apply.
+"""
+
+# No ``from __future__ import annotations``: the SDK reads each tool's signature
+# with typing.get_type_hints, which cannot resolve string annotations of functions
+# defined inside build_server.
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+
+from .. import __version__
+from ..clock import system_clock
+from ..erasure.engine import ErasureResult
+from ..log.report import Report
+from ..memory import Memory
+from ..model import Record, Space, SpaceFilter
+from .calls import check_certificate, check_receipt, new_request_id, public_key
+from .errors import error_info
+from .pool import HandlePool
+
+Ctx = Context[Any, Any]
+DEFAULT_BASIS = "Art. 17"
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+ADDITIVE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+
+INSTRUCTIONS = """\
+deleatur is a memory store in which every GDPR data-subject right is built in.
+`remember` facts about a subject, `recall` them; `forget` retires a fact that stopped
+being true and keeps it in history; `delete` erases every trace of a subject and issues
+a signed erasure certificate (`erasure_certificate`, `verify_certificate`)."""
+
+
+def _ok(text: str, data: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
+def _line(record: Record) -> str:
+    key = f" [{record.key}]" if record.key else ""
+    return f"{record.id}{key} {record.subject_original}: {record.text}"
+
+
+def _records(records: list[Record], empty: str) -> CallToolResult:
+    text = "\n".join(_line(r) for r in records) if records else empty
+    return _ok(text, {"count": len(records), "records": [r.to_json() for r in records]})
+
+
+def _report(report: Report) -> CallToolResult:
+    return _ok("\n".join(report.lines()), report.to_json())
+
+
+def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> CallToolResult:
+    """The seeds' messages: ``Erased 2 record(s) for 'x'; ...`` or ``No records found for 'x'.``"""
+    if result.request is None:
+        assert result.plan is not None
+        plan = result.plan
+        text = f"Dry run: would erase {plan.total} record(s) for {what} ({len(plan.lineage)} through lineage)."
+        if plan.ambiguous:
+            text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
+        if result.token:
+            text += f"\n  confirmation token (single use, 15 min): {result.token}"
+        return _ok(text, {"dry_run": True, "plan": plan.to_json(), "token": result.token})
+    request = result.request
+    records = request.counts.get("records", 0)
+    again = "Already done: " if result.repeated else ""
+    if not records:
+        text = f"{again}No records found for {what}."
+    elif account:
+        text = f"{again}Erased all memory for {what} ({records} record(s))."
+    else:
+        text = f"{again}Erased {records} record(s) for {what}."
+    if records:
+        text += (
+            f"\n  {request.counts.get('keys_destroyed', 0)} data key(s) destroyed; request {request.id} is"
+            f" {request.status.value} — get its signed certificate with erasure_certificate('{request.id}')"
+            " and check it with verify_certificate (or offline with the key from export_public_key)."
+        )
+    return _ok(text, {"request": request.to_json(system_clock()), "repeated": result.repeated})
+
+
+def _caller(ctx: Ctx) -> str:
+    """Who asks, recorded as an erasure's requester or a correction's actor."""
+    return "mcp:stdio" if ctx.headers is None else "mcp:http"
+
+
+def build_server(pool: HandlePool) -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer(
+        "deleatur", version=__version__, instructions=INSTRUCTIONS, warn_on_duplicate_tools=False
+    )
+
+    def call(run: Callable[[Memory], CallToolResult]) -> CallToolResult:
+        """One library call on a leased handle; a refusal is a tool error with a stable code."""
+        try:
+            with pool.lease() as memory:
+                return run(memory)
+        except Exception as exc:
+            info = error_info(exc)
+            return CallToolResult(
+                content=[TextContent(type="text", text=f"Error ({info.code}): {info.message}")],
+                structured_content=info.to_json(),
+                is_error=True,
+            )
+
+    @server.tool(annotations=ADDITIVE)
+    def remember(
+        text: str,
+        subject: str,
+        key: str | None = None,
+        source: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        confidence: float | None = None,
+        derived_from: list[str] | None = None,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+    ) -> CallToolResult:
+        """Remember a fact about a subject; a new value for a key supersedes the old one."""
+
+        def run(memory: Memory) -> CallToolResult:
+            record = memory.remember(
+                text,
+                subject=subject,
+                space=Space(user_id, agent_id, run_id),
+                key=key,
+                metadata=metadata,
+                source=source,
+                confidence=confidence,
+                derived_from=derived_from or (),
+            )
+            superseded = f" (supersedes {record.supersedes})" if record.supersedes else ""
+            return _ok(f"Remembered {record.id} for '{record.subject_original}'{superseded}.", record.to_json())
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def recall(
+        query: str, limit: int = 10, user_id: str = "default", agent_id: str = "", run_id: str = ""
+    ) -> CallToolResult:
+        """Search the active memories of one space (BM25), best first."""
+
+        def run(memory: Memory) -> CallToolResult:
+            hits = memory.recall(query, space=Space(user_id, agent_id, run_id), limit=limit)
+            text = "\n".join(f"{_line(h.record)} ({h.score:.2f})" for h in hits) or "No matching memories."
+            return _ok(text, {"count": len(hits), "hits": [{**h.record.to_json(), "score": h.score} for h in hits]})
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def get_memory(record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+        """One memory by id."""
+        return call(lambda m: _records([m.get(record_id, space=Space(user_id, agent_id, run_id))], ""))
+
+    @server.tool(annotations=READ_ONLY)
+    def list_memories(
+        subject: str | None = None,
+        key: str | None = None,
+        include_history: bool = False,
+        limit: int = 100,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+    ) -> CallToolResult:
+        """The memories of one space, oldest first (active ones unless include_history)."""
+
+        def run(memory: Memory) -> CallToolResult:
+            records = memory.list(
+                space=Space(user_id, agent_id, run_id),
+                subject=subject,
+                key=key,
+                include_history=include_history,
+                limit=limit,
+            )
+            return _records(list(records), "No memories.")
+
+        return call(run)
+
+    @server.tool(annotations=ADDITIVE)
+    def forget(
+        record_id: str | None = None,
+        key: str | None = None,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+    ) -> CallToolResult:
+        """Retire a fact that stopped being true: no longer recalled, kept in history (delete erases)."""
+
+        def run(memory: Memory) -> CallToolResult:
+            record = memory.forget(space=Space(user_id, agent_id, run_id), record_id=record_id, key=key)
+            return _ok(f"Retired {record.id}; it stays in history (use delete to erase it).", record.to_json())
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def history(key: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+        """Every version of a key, oldest first."""
+        return call(lambda m: _records(m.history(key, space=Space(user_id, agent_id, run_id)), ""))
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def rectify(
+        ctx: Ctx,
+        key: str,
+        text: str,
+        reason: str,
+        erase_previous: bool = False,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+    ) -> CallToolResult:
+        """Art. 16: correct the value of a key; with erase_previous the wrong values are hard-deleted."""
+
+        def run(memory: Memory) -> CallToolResult:
+            record = memory.rectify(
+                key,
+                text,
+                reason=reason,
+                actor=_caller(ctx),
+                space=Space(user_id, agent_id, run_id),
+                erase_previous=erase_previous,
+            )
+            erased = " (earlier values erased)" if erase_previous else ""
+            return _ok(f"Rectified {record.key}: {record.id} supersedes {record.supersedes}{erased}.", record.to_json())
+
+        return call(run)
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def delete(
+        ctx: Ctx,
+        subject: str,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+        all_spaces: bool = False,
+        request_id: str | None = None,
+        basis: str = DEFAULT_BASIS,
+        dry_run: bool = False,
+        confirmation: str | None = None,
+        allow_ambiguous: bool = False,
+    ) -> CallToolResult:
+        """Art. 17: permanently erase every record of a subject in the space (every space with
+        all_spaces), history and derived records included, and destroy its key. A dry run shows
+        what would go and issues the confirmation token agents must present."""
+        scope = SpaceFilter() if all_spaces else SpaceFilter(user_id, agent_id, run_id)
+
+        def run(memory: Memory) -> CallToolResult:
+            result = memory.erase(
+                subject,
+                request_id=new_request_id(request_id, "MCP"),
+                basis=basis,
+                requester=_caller(ctx),
+                scope=scope,
+                dry_run=dry_run,
+                issue_token=dry_run,
+                confirmation=confirmation,
+                allow_ambiguous=allow_ambiguous,
+            )
+            return _erasure(result, f"'{subject}'")
+
+        return call(run)
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def delete_all(
+        ctx: Ctx,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+        request_id: str | None = None,
+        basis: str = DEFAULT_BASIS,
+        dry_run: bool = False,
+        confirmation: str | None = None,
+    ) -> CallToolResult:
+        """Account deletion: with agent_id and run_id empty, every space of user_id; else that one space."""
+
+        def run(memory: Memory) -> CallToolResult:
+            result = memory.erase_all(
+                user_id=user_id,
+                agent_id=agent_id or None,
+                run_id=run_id or None,
+                request_id=new_request_id(request_id, "MCP"),
+                basis=basis,
+                requester=_caller(ctx),
+                dry_run=dry_run,
+                issue_token=dry_run,
+                confirmation=confirmation,
+            )
+            return _erasure(result, f"'{user_id}'", account=True)
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def erasure_status(request_id: str) -> CallToolResult:
+        """An erasure request's status and phases, with timestamps."""
+
+        def run(memory: Memory) -> CallToolResult:
+            found = memory.erasure_request(request_id).to_json(system_clock())
+            phases = ", ".join(f"{p['name']} {p['status']}" for p in found["phases"])
+            return _ok(f"Request {request_id} is {found['status']}: {phases}.", found)
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def erasure_certificate(request_id: str) -> CallToolResult:
+        """The signed erasure certificate of a request, verifiable offline with the public key."""
+
+        def run(memory: Memory) -> CallToolResult:
+            document = memory.certificate(request_id)
+            return _ok(json.dumps(document, indent=2, sort_keys=True), document)
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def verify_certificate(certificate: dict[str, Any], expected_pubkey: str | None = None) -> CallToolResult:
+        """Verify an erasure certificate offline; pin expected_pubkey (from export_public_key) for trust."""
+
+        return call(lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
+
+    @server.tool(annotations=READ_ONLY)
+    def export_memory(user_id: str | None = "default", subject: str | None = None) -> CallToolResult:
+        """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON."""
+
+        def run(memory: Memory) -> CallToolResult:
+            buffer = io.StringIO()
+            counts = memory.export_json(buffer, subject=subject, user_id=None if subject else user_id)
+            document: dict[str, Any] = json.loads(buffer.getvalue())
+            what = f"'{subject}'" if subject else f"'{user_id}'"
+            return _ok(f"Exported {counts['records']} record(s) for {what}.\n{buffer.getvalue()}", document)
+
+        return call(run)
+
+    @server.tool(annotations=DESTRUCTIVE)
+    def purge_expired(older_than_days: float | None = None, dry_run: bool = False) -> CallToolResult:
+        """Art. 5(1)(e): hard-delete expired records, and with older_than_days those written earlier."""
+
+        def run(memory: Memory) -> CallToolResult:
+            result = memory.purge(older_than_days=older_than_days, dry_run=dry_run)
+            if result.request is None:
+                return _erasure(result, "expiry")
+            records = result.request.counts.get("records", 0)
+            age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
+            data = {"request": result.request.to_json(system_clock())}
+            return _ok(f"Purged {records} record(s){age} [request {result.request.id}].", data)
+
+        return call(run)
+
+    @server.tool(annotations=ADDITIVE)
+    def restrict(ctx: Ctx, subject: str, reason: str) -> CallToolResult:
+        """Art. 18: keep a subject's records but stop recalling them and refuse new writes."""
+
+        def run(memory: Memory) -> CallToolResult:
+            restriction = memory.restrict(subject, reason=reason, actor=_caller(ctx))
+            return _ok(f"Restricted processing of '{subject}'.", restriction.to_json())
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def receipt(record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+        """A signed write receipt for a record, to check later with verify_receipt."""
+
+        def run(memory: Memory) -> CallToolResult:
+            made = memory.receipt(record_id, space=Space(user_id, agent_id, run_id)).to_json()
+            return _ok(json.dumps(made, indent=2), made)
+
+        return call(run)
+
+    @server.tool(annotations=READ_ONLY)
+    def verify_receipt(receipt: dict[str, Any], key: str | None = None) -> CallToolResult:
+        """Check a write receipt; pin key (from export_public_key) or it is checked against the store's keys."""
+
+        return call(lambda m: _report(check_receipt(m, receipt, key)))
+
+    @server.tool(annotations=READ_ONLY)
+    def verify_log() -> CallToolResult:
+        """Re-derive the whole transparency log and check every signed checkpoint."""
+        return call(lambda m: _report(m.verify_log()))
+
+    @server.tool(annotations=READ_ONLY)
+    def export_public_key() -> CallToolResult:
+        """The log's verifier key, to verify receipts and certificates independently."""
+
+        def run(memory: Memory) -> CallToolResult:
+            key = public_key(memory)
+            return _ok(key["vkey"], key)
+
+        return call(run)
+
+    return server
+
+
+__all__ = ["build_server"]
