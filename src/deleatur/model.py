@@ -166,7 +166,12 @@ class NewMemory:
         object.__setattr__(self, "metadata", validate_metadata(self.metadata))
         object.__setattr__(self, "confidence", validate_confidence(self.confidence))
         object.__setattr__(self, "derived_from", tuple(self.derived_from))
-        if self.expires_at is not None and (isinstance(self.expires_at, bool) or not isinstance(self.expires_at, int)):
+        if self.expires_at is not None and (
+            isinstance(self.expires_at, bool)
+            or not isinstance(self.expires_at, int)
+            or not 0 <= self.expires_at < 2**63
+        ):
+            # The upper bound is SQLite's: a larger integer cannot be stored.
             raise InvalidInputError("expires_at must be microseconds since the epoch")
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 KINDS = ("user", "agent", "run")
 BASIS = "Art. 5(1)(e) storage limitation"
 _DAY_US = 86_400 * 1_000_000
+#: About 2,700 years: longer periods mean "keep"; they would overflow SQLite's 64-bit times.
+MAX_DAYS = 1_000_000
 
 
 def space_kind(space: Space) -> str:
@@ -34,8 +36,8 @@ def space_kind(space: Space) -> str:
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
         raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
-    if days is not None and not days > 0:
-        raise InvalidInputError("a retention period must be a positive number of days")
+    if days is not None and not 0 < days <= MAX_DAYS:
+        raise InvalidInputError(f"a retention period must be a positive number of days, at most {MAX_DAYS:,}")
     with memory.backend.atomic():
         memory.backend.put_setting(f"retention.{kind}", None if days is None else str(int(days * _DAY_US)))
 
@@ -55,8 +57,8 @@ def retention_for(memory: Memory, space: Space) -> int | None:
 
 
 def purge(memory: Memory, *, older_than_days: float | None, request_id: str | None, dry_run: bool) -> ErasureResult:
-    if older_than_days is not None and not older_than_days >= 0:
-        raise InvalidInputError("--older-than must be a number of days, zero or more")
+    if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:
+        raise InvalidInputError(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
     now = memory._clock()
     created_before = None if older_than_days is None else now - int(older_than_days * _DAY_US)
     return erase(

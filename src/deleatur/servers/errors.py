@@ -66,3 +66,17 @@ def error_info(exc: BaseException) -> ErrorInfo:
                 return ErrorInfo(status, code, exc.message)
         return ErrorInfo(500, "deleatur_error", exc.message)
     return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")
+
+
+# A client raises the class the server's code names; codes no library class has are
+# the server's own refusals of a malformed request.
+_CLASS_OF: dict[str, type[DeleaturError]] = {code: cls for cls, (_, code) in _STATUS.items()} | {
+    "invalid_request": InvalidInputError,
+    "body_too_large": InvalidInputError,
+    "no_such_route": NotFoundError,
+}
+
+
+def error_class(code: str) -> type[DeleaturError]:
+    """The library error a server's error code stands for (DeleaturError if unknown)."""
+    return _CLASS_OF.get(code, DeleaturError)

@@ -120,13 +120,10 @@ class VerifyCertificateBody(_Body):
     expected_pubkey: str | None = None
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """413 for a body over ``limit`` bytes, by its Content-Length or, for a chunked
-    body, as soon as the bytes read pass it."""
+    body, as soon as the bytes read pass it: the 413 is sent at once, the app is told
+    the client left, and whatever it answers then is dropped."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -141,26 +138,28 @@ class BodyLimit:
             await self._refuse(send)
             return
         seen = 0
-        started = False
+        started = refused = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _BodyTooLarge
+            if seen > self.limit and not started:
+                refused = True
+                await self._refuse(send)
+                return {"type": "http.disconnect"}
             return message
 
         async def tracked(message: Message) -> None:
             nonlocal started
+            if refused:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
-            await self.app(scope, counted, tracked)
-        except _BodyTooLarge:
-            if not started:
-                await self._refuse(send)
+        await self.app(scope, counted, tracked)
 
     async def _refuse(self, send: Send) -> None:
         info = ErrorInfo(413, "body_too_large", f"request body over {self.limit} bytes")
@@ -482,7 +481,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
 
     @app.get("/v1/log/entries", tags=["log"])
     def log_entries(
-        start: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+        start: Annotated[int, Query(ge=0, le=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> dict[str, Any]:
         """Content-free log entries with their indexes: the audit trail of writes and erasures."""
         rows = serve(lambda m: list(m.backend.log_entries(start, start + limit)))

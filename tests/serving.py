@@ -1,0 +1,45 @@
+"""Servers on a loopback port for tests: uvicorn in a thread, on a socket bound and
+listening before the thread starts, so the first request waits in the kernel's
+backlog until the server takes it: readiness needs neither sleeps nor retries."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from deleatur import Memory, from_bytes
+
+from .conftest import MASTER
+
+
+def new_store(path: Path) -> Callable[[], Memory]:
+    """A signed store at ``path``; returns how servers open it."""
+    memory, _ = Memory.init(path, from_bytes(MASTER))
+    memory.close()
+    return lambda: Memory.open(path, from_bytes(MASTER))
+
+
+@contextmanager
+def serving(app: ASGIApp) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 for the ``with`` block; yields its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        assert not thread.is_alive(), "the server did not stop"

@@ -1,0 +1,176 @@
+"""The HTTP API through real clients: httpx and deleatur.client against uvicorn on loopback."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from deleatur import InvalidInputError, Memory, NotFoundError
+from deleatur.client import Client
+from deleatur.erasure.engine import AmbiguousSubjectError
+from deleatur.model import Space, SpaceFilter
+from deleatur.servers.http import create_app
+
+from .serving import new_store, serving
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    store = tmp_path_factory.mktemp("http") / "mem.db"
+    with serving(create_app(new_store(store), max_body_bytes=64 * 1024)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url: str) -> Iterator[Client]:
+    with Client(base_url) as made:
+        yield made
+
+
+def test_memories_round_trip(client: Client) -> None:
+    space = Space("rt-user", agent_id="support")
+    first = client.remember("Alice's phone is +100", subject="Alice Martin", key="alice::phone", space=space)
+    assert first["status"] == "ACTIVE"
+    assert client.get(first["id"], space=space)["text"] == "Alice's phone is +100"
+    with pytest.raises(NotFoundError) as missing:
+        client.get(first["id"])  # another space: reported like a missing id
+    assert missing.value.code == "not_found"  # type: ignore[attr-defined]
+    client.remember("Alice prefers email", subject="Alice Martin", space=space, metadata={"channel": "crm"})
+    [hit] = client.recall("email", space=space)
+    assert hit["metadata"] == {"channel": "crm"}
+    assert hit["score"] > 0
+    fixed = client.rectify("alice::phone", "Alice's phone is +101", reason="typo", actor="dpo", space=space)
+    assert fixed["supersedes"] == first["id"]
+    assert [r["text"] for r in client.history("alice::phone", space=space)] == [
+        "Alice's phone is +100",
+        "Alice's phone is +101",
+    ]
+    retired = client.forget(space=space, key="alice::phone")
+    assert retired["status"] == "RETIRED"
+    assert len(client.list(space=space)) == 1
+    assert len(client.list(space=space, include_history=True)) == 3
+    assert client.list(space=space, subject="alice martin", limit=1)[0]["subject"] == "alice martin"
+
+
+def test_receipt_and_log(client: Client) -> None:
+    record = client.remember("receipt me", subject="Receipts")
+    receipt = client.receipt(record["id"])
+    key = client.public_key()
+    assert client.verify_receipt(receipt, key=key["vkey"])["verdict"] == "PASS"
+    unpinned = client.verify_receipt(receipt)
+    assert unpinned["verdict"] == "PASS"
+    assert "KEY NOT PINNED" in unpinned["notes"][0]
+    assert client.checkpoint().startswith(key["origin"] + "\n")
+    assert client.verify_log()["verdict"] == "PASS"
+
+
+def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: str) -> None:
+    kept = client.remember("Bob likes tea", subject="Bob", space=Space("erase-user"))
+    doomed = client.remember("Carol's address", subject="Carol Jones", space=Space("erase-user"))
+    client.remember("Carol, derived", subject="Team", derived_from=[doomed["id"]], space=Space("erase-user"))
+    plan = client.erase("carol jones", dry_run=True, issue_token=True)
+    assert plan["plan"]["total"] == 2
+    assert plan["token"]
+    response = httpx.delete(
+        f"{base_url}/v1/subjects/Carol Jones", headers={"Idempotency-Key": "DSAR-1"}, params={"basis": "Art. 17(1)(a)"}
+    )
+    assert response.status_code == 202
+    body = response.json()
+    assert {body["request_id"], body["status"], body["counts"]["records"]} == {"DSAR-1", "complete", 2}
+    assert response.headers["location"] == "/v1/erasures/DSAR-1"
+    again = client.erase("Carol Jones", request_id="DSAR-1", basis="Art. 17(1)(a)")
+    assert again["repeated"] is True
+    assert again["requested_at"] == body["requested_at"]
+    status = client.erasure_request("DSAR-1")
+    assert status["status"] == "complete"
+    assert [(p["name"], p["status"]) for p in status["phases"]] == [
+        ("received", "done"),
+        ("records_erased", "done"),
+        ("keys_destroyed", "done"),
+    ]
+    assert all(p["at"] for p in status["phases"])
+    certificate = client.certificate("DSAR-1")
+    report = client.verify_certificate(certificate, expected_pubkey=client.public_key()["vkey"])
+    assert report["verdict"] == "PASS"
+    tampered = json.loads(json.dumps(certificate))
+    tampered["certificate"]["request"]["basis"] = "Art. 6"
+    assert client.verify_certificate(tampered)["verdict"] == "FAIL"
+    with pytest.raises(NotFoundError):
+        client.get(doomed["id"], space=Space("erase-user"))
+    assert client.get(kept["id"], space=Space("erase-user"))["text"] == "Bob likes tea"
+    assert "DSAR-1" in [r["id"] for r in client.erasure_requests()]
+
+
+def test_erase_refusals_have_codes(client: Client, base_url: str) -> None:
+    client.remember("one", subject="Dana Ng", space=Space("amb"))
+    client.remember("two", subject="dana  ng", space=Space("amb"))
+    with pytest.raises(AmbiguousSubjectError) as ambiguous:
+        client.erase("Dana Ng", request_id="AMB-1", scope=SpaceFilter("amb"))
+    assert ambiguous.value.status == 409  # type: ignore[attr-defined]
+    response = httpx.delete(f"{base_url}/v1/subjects/x", headers={"Idempotency-Key": "bad id!"})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_input"
+    missing = httpx.get(f"{base_url}/v1/erasures/NOPE")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+
+
+def test_account_erasure_and_status(client: Client) -> None:
+    client.remember("a", subject="S1", space=Space("acct-9", agent_id="x"))
+    client.remember("b", subject="S2", space=Space("acct-9"))
+    client.remember("c", subject="S3", space=Space("acct-10"))
+    done = client.erase_all(user_id="acct-9", request_id="ACC-9")
+    assert done["counts"]["records"] == 2
+    assert done["certificate_url"] == "/v1/erasures/ACC-9/certificate"
+    assert len(client.list(space=Space("acct-10"))) == 1
+
+
+def test_export_restrict_and_purge(client: Client) -> None:
+    client.remember("Eve's note", subject="Eve", space=Space("export-user"))
+    out = io.StringIO()
+    counts = client.export_json(out, subject="Eve")
+    assert counts["records"] == 1
+    assert json.loads(out.getvalue())["records"][0]["text"] == "Eve's note"
+    restriction = client.restrict("Eve", reason="accuracy contested")
+    assert restriction["reason"] == "accuracy contested"
+    with pytest.raises(InvalidInputError) as refused:
+        client.remember("more about Eve", subject="Eve")
+    assert refused.value.code == "subject_restricted"  # type: ignore[attr-defined]
+    assert len(client.restrictions()) == 1
+    client.unrestrict("Eve")
+    assert client.restrictions() == []
+    assert client.purge(dry_run=True)["dry_run"] is True
+    purged = client.purge(request_id="RET-1")
+    assert purged["request_id"] == "RET-1"
+
+
+def test_errors_and_limits(base_url: str) -> None:
+    bad = httpx.post(f"{base_url}/v1/memories", json={"text": "no subject"})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_request")
+    empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"})
+    assert (empty.status_code, empty.json()["error"]["code"]) == (422, "invalid_input")
+    big = httpx.post(f"{base_url}/v1/memories", content=b"{" + b" " * 70_000 + b"}")
+    assert (big.status_code, big.json()["error"]["code"]) == (413, "body_too_large")
+
+    def chunks() -> Iterator[bytes]:
+        yield from (b" " * 10_000 for _ in range(10))
+
+    chunked = httpx.post(f"{base_url}/v1/memories", content=chunks())
+    assert chunked.status_code == 413
+    route = httpx.get(f"{base_url}/v1/nothing-here")
+    assert (route.status_code, route.json()["error"]["code"]) == (404, "no_such_route")
+    spec = httpx.get(f"{base_url}/openapi.json").json()
+    assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
+
+
+def test_unexpected_error_is_a_500_naming_only_its_type() -> None:
+    def broken() -> Memory:
+        raise OSError("disk gone")
+
+    with serving(create_app(broken)) as url:
+        response = httpx.get(f"{url}/v1/checkpoint")
+    assert response.status_code == 500
+    assert response.json()["error"] == {"code": "internal", "message": "internal error (OSError)"}

@@ -1,0 +1,152 @@
+"""The MCP server through the SDK's own client: over stdio (spawning `deleatur serve
+mcp`, the local operator) and over streamable HTTP (uvicorn on loopback)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+
+from deleatur.servers.mcp import build_server
+from deleatur.servers.pool import HandlePool
+
+from .conftest import MASTER
+from .serving import new_store, serving
+
+Session = Callable[[ClientSession], Awaitable[None]]
+
+READ_ONLY = {
+    "recall",
+    "get_memory",
+    "list_memories",
+    "history",
+    "erasure_status",
+    "erasure_certificate",
+    "verify_certificate",
+    "export_memory",
+    "receipt",
+    "verify_receipt",
+    "verify_log",
+    "export_public_key",
+}
+DESTRUCTIVE = {"delete", "delete_all", "purge_expired", "rectify"}
+
+
+def _text(result: CallToolResult) -> str:
+    assert isinstance(result.content[0], TextContent)
+    return result.content[0].text
+
+
+async def _call(session: ClientSession, tool: str, **arguments: Any) -> CallToolResult:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, _text(result)
+    return result
+
+
+async def _data(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    structured = (await _call(session, tool, **arguments)).structured_content
+    assert isinstance(structured, dict)
+    return structured
+
+
+async def _tour(session: ClientSession) -> None:
+    """Every tool, through the session, as an agent would use them."""
+    await session.initialize()
+    tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert READ_ONLY | DESTRUCTIVE | {"remember", "forget", "restrict"} <= set(tools)
+    hints = {name: tool.annotations for name, tool in tools.items() if tool.annotations is not None}
+    assert {name for name, hint in hints.items() if hint.read_only_hint} == READ_ONLY
+    assert {name for name, hint in hints.items() if hint.destructive_hint} == DESTRUCTIVE
+
+    first = await _call(session, "remember", text="Refunds within 30 days", subject="refund_window", user_id="c1")
+    record = first.structured_content
+    assert record is not None
+    assert _text(first) == f"Remembered {record['id']} for 'refund_window'."
+    keyed = await _data(session, "remember", text="Phone +100", subject="Alice", key="alice::phone", user_id="c1")
+    recalled = await _data(session, "recall", query="refunds", user_id="c1")
+    assert [h["id"] for h in recalled["hits"]] == [record["id"]]
+    got = await _data(session, "get_memory", record_id=record["id"], user_id="c1")
+    assert got["records"][0]["text"] == "Refunds within 30 days"
+    assert (await _data(session, "list_memories", user_id="c1"))["count"] == 2
+    fixed = await _call(session, "rectify", key="alice::phone", text="Phone +101", reason="typo", user_id="c1")
+    assert f"supersedes {keyed['id']}" in _text(fixed)
+    assert (await _data(session, "history", key="alice::phone", user_id="c1"))["count"] == 2
+    retired = await _call(session, "forget", key="alice::phone", user_id="c1")
+    assert "stays in history" in _text(retired)
+
+    receipt = await _data(session, "receipt", record_id=record["id"], user_id="c1")
+    key = await _data(session, "export_public_key")
+    assert (await _data(session, "verify_receipt", receipt=receipt, key=key["vkey"]))["verdict"] == "PASS"
+    assert (await _data(session, "verify_log"))["verdict"] == "PASS"
+    exported = await _data(session, "export_memory", user_id="c1")
+    assert exported["counts"]["records"] == 3
+
+    plan = await _data(session, "delete", subject="refund_window", user_id="c1", dry_run=True)
+    assert plan["plan"]["total"] == 1
+    erased = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-1")
+    assert _text(erased).startswith("Erased 1 record(s) for 'refund_window'.\n  1 data key(s) destroyed;")
+    none = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-2")
+    assert _text(none) == "No records found for 'refund_window'."
+    status = await _call(session, "erasure_status", request_id="DEL-1")
+    assert _text(status) == "Request DEL-1 is complete: received done, records_erased done, keys_destroyed done."
+    certificate = await _data(session, "erasure_certificate", request_id="DEL-1")
+    verdict = await _data(session, "verify_certificate", certificate=certificate, expected_pubkey=key["vkey"])
+    assert verdict["verdict"] == "PASS"
+
+    assert "Restricted processing of 'Alice'" in _text(await _call(session, "restrict", subject="Alice", reason="x"))
+    refused = await session.call_tool("remember", {"text": "more", "subject": "Alice", "user_id": "c1"})
+    assert refused.is_error
+    assert refused.structured_content == {
+        "error": {"code": "subject_restricted", "message": refused.structured_content["error"]["message"]}
+    }
+    assert _text(refused).startswith("Error (subject_restricted): ")
+    missing = await session.call_tool("get_memory", {"record_id": "nope"})
+    assert missing.is_error
+
+    await _call(session, "remember", text="x", subject="S", user_id="acct", agent_id="a")
+    account = await _call(session, "delete_all", user_id="acct", request_id="ACC-1")
+    assert _text(account).startswith("Erased all memory for 'acct' (1 record(s)).")
+    purged = await _call(session, "purge_expired", older_than_days=3650)
+    assert _text(purged).startswith("Purged 0 record(s) older than 3650 days")
+
+
+def test_stdio(tmp_path: Path) -> None:
+    store = tmp_path / "mem.db"
+    new_store(store)
+    deleatur = Path(sys.executable).with_name("deleatur")
+    assert deleatur.exists(), f"the deleatur command is not installed next to {sys.executable}"
+    params = StdioServerParameters(
+        command=str(deleatur),
+        args=["serve", "mcp"],
+        env={"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex()},
+    )
+
+    async def run() -> None:
+        with (tmp_path / "stderr").open("w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await _tour(session)
+
+    anyio.run(run)
+
+
+def test_streamable_http(tmp_path: Path) -> None:
+    pool = HandlePool(new_store(tmp_path / "mem.db"))
+    with serving(build_server(pool).streamable_http_app()) as url:
+
+        async def run() -> None:
+            async with (
+                httpx2.AsyncClient(timeout=30) as http,
+                streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await _tour(session)
+
+        anyio.run(run)
+    pool.close()
