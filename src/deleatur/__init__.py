@@ -3,8 +3,11 @@
 The public surface is re-exported here; everything else is internal.
 """
 
+from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .errors import (
+    AccessDeniedError,
+    AuthenticationError,
     DataKeyDestroyedError,
     DeleaturError,
     IntegrityError,
@@ -32,6 +35,9 @@ from .model import Hit, NewMemory, Record, Space, Status, canonical_subject
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
+    "AuthenticationError",
+    "Capability",
     "Check",
     "Checkpoint",
     "CosignatureVerifier",
@@ -53,10 +59,12 @@ __all__ = [
     "NotFoundError",
     "Note",
     "NoteError",
+    "Principal",
     "ProofError",
     "Receipt",
     "Record",
     "Report",
+    "Role",
     "SchemaVersionError",
     "Signer",
     "Space",
