@@ -3,6 +3,7 @@
 The public surface is re-exported here; everything else is internal.
 """
 
+from .access.audit import AuditEntry
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .errors import (
@@ -30,12 +31,13 @@ from .log.tlog import LogError
 from .log.tlogproof import TlogProof
 from .log.witness import Witness, WitnessError
 from .memory import Memory, StoreInfo
-from .model import Hit, NewMemory, Record, Space, Status, canonical_subject
+from .model import Hit, NewMemory, Record, Space, SpaceFilter, Status, canonical_subject
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",
+    "AuditEntry",
     "AuthenticationError",
     "Capability",
     "Check",
@@ -68,6 +70,7 @@ __all__ = [
     "SchemaVersionError",
     "Signer",
     "Space",
+    "SpaceFilter",
     "Status",
     "StoreError",
     "StoreInfo",

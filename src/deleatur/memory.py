@@ -22,7 +22,10 @@ from typing import Any, TextIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .access.guard import Call, guarded, in_space, of_filter, of_user
+from .access.audit import AuditEntry
+from .access.audit import entries as audit_entries
+from .access.audit import verify as verify_audit
+from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
 from .access.principals import (
     Capability,
     Principal,
@@ -325,22 +328,20 @@ class Memory:
             raise AuthenticationError("the API key is not valid")
         return _principal(row)
 
-    @guarded("principal.create", A)
+    @guarded("principal.create", A, of_scopes)
     def create_principal(
         self, name: str, role: Role | str, *, scopes: Iterable[str] | None = None, tenant: str | None = None
     ) -> tuple[Principal, str]:
         """A new principal and its API key, which is shown here once and never stored.
 
         Only the operator may create principals in another tenant; a scoped admin may
-        only hand out scopes it holds itself."""
+        only hand out scopes it holds itself (the guard checks the scopes asked for)."""
         target = self.tenant if tenant is None else Space(user_id=tenant).user_id
         if target != self.tenant and not self.principal.operator:
             raise self._deny("only the deployment operator may create principals in another tenant", "operator")
         wanted = None if scopes is None else frozenset(scopes)
         if wanted is not None and not wanted:
             raise InvalidInputError("scopes, when given, must name at least one user id")
-        if self.principal.scopes is not None and (wanted is None or not self.principal.covers(wanted)):
-            raise self._deny("a scoped principal may only grant scopes it holds", "scope")
         principal_id = self._ids.new().replace("-", "")
         principal = Principal(
             principal_id,
@@ -677,6 +678,19 @@ class Memory:
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
         )
+
+    @guarded("audit.show", V)
+    def audit_entries(
+        self, *, start: int = 0, limit: int | None = None, calls_only: bool = False, actor: str | None = None
+    ) -> Iterator[AuditEntry]:
+        """The audit trail of this tenant, oldest first (see :mod:`deleatur.access.audit`)."""
+        return audit_entries(self, start=start, limit=limit, calls_only=calls_only, actor=actor)
+
+    @guarded("audit.verify", V, audit=False)
+    def verify_audit(self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None) -> Report:
+        """Verify the whole trail; with ``state``, also that it extends the checkpoint
+        the last passing verification recorded there (which catches a cut-back tail)."""
+        return verify_audit(self, pinned_keys=pinned_keys, state=state)
 
     def __enter__(self) -> Memory:
         return self

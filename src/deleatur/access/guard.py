@@ -53,6 +53,12 @@ def of_filter(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] |
     return (where.user_id,) if isinstance(where, SpaceFilter) and where.user_id is not None else None
 
 
+def of_scopes(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """A new principal reaches the users it will be scoped to (all, if unscoped)."""
+    scopes = kwargs.get("scopes")
+    return None if scopes is None else tuple(scopes)
+
+
 @dataclass(slots=True)
 class Call:
     """One call in progress, and what its audit entry will say."""
