@@ -27,7 +27,10 @@ def _snapshot(memory: Memory) -> tuple[object, ...]:
     keys = memory.keys._conn
     return (
         conn.execute("SELECT id, status, ciphertext FROM records ORDER BY id").fetchall(),
-        conn.execute("SELECT count(*) FROM log_entries").fetchall(),
+        # Every call is audited, refusals and dry runs included: nothing else may be added.
+        conn.execute(
+            'SELECT count(*) FROM log_entries WHERE CAST(entry AS TEXT) NOT LIKE \'%"type":"call"%\''
+        ).fetchall(),
         keys.execute("SELECT key_id FROM data_keys ORDER BY key_id").fetchall(),
     )
 

@@ -68,9 +68,14 @@ def test_csv_bundle_matches_the_json(populated: Memory, tmp_path: Path) -> None:
 
 def test_every_export_is_logged_without_names(populated: Memory) -> None:
     populated.export_json(io.StringIO(), subject="Alice")
-    last = Entry.decode(next(iter(reversed([raw for _, raw in populated.backend.log_entries()]))))
+    *_, last, call = [Entry.decode(raw) for _, raw in populated.backend.log_entries()]
     assert last.type is EventType.EXPORT
     assert last.fields == {"tenant": "default", "kind": "subject", "records": 1502}
+    # The call's audit entry names the subject only as a pseudonym, and sealed.
+    assert call.type is EventType.CALL
+    assert call.fields["action"] == "export"
+    assert call.fields["subject"].startswith("psn:")
+    assert b"alice" not in call.encode().lower()
     assert populated.verify_log().ok
 
 

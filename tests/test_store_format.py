@@ -68,8 +68,8 @@ def test_a_version_1_store_gains_the_log(store_path: Path) -> None:
     conn.close()
     with Memory.open(store_path, from_bytes(MASTER)) as memory:
         assert _version(store_path) == max(schema.MIGRATIONS)
-        assert memory.get(kept.id).text == "written before the log existed"
         assert memory.backend.log_size() == 0
+        assert memory.get(kept.id).text == "written before the log existed"
         memory.new_signing_key()
         memory.remember("written after", subject="a")
         assert memory.verify_log().ok

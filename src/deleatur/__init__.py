@@ -3,8 +3,12 @@
 The public surface is re-exported here; everything else is internal.
 """
 
+from .access.audit import AuditEntry
+from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .errors import (
+    AccessDeniedError,
+    AuthenticationError,
     DataKeyDestroyedError,
     DeleaturError,
     IntegrityError,
@@ -27,11 +31,15 @@ from .log.tlog import LogError
 from .log.tlogproof import TlogProof
 from .log.witness import Witness, WitnessError
 from .memory import Memory, StoreInfo
-from .model import Hit, NewMemory, Record, Space, Status, canonical_subject
+from .model import Hit, NewMemory, Record, Space, SpaceFilter, Status, canonical_subject
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
+    "AuditEntry",
+    "AuthenticationError",
+    "Capability",
     "Check",
     "Checkpoint",
     "CosignatureVerifier",
@@ -53,13 +61,16 @@ __all__ = [
     "NotFoundError",
     "Note",
     "NoteError",
+    "Principal",
     "ProofError",
     "Receipt",
     "Record",
     "Report",
+    "Role",
     "SchemaVersionError",
     "Signer",
     "Space",
+    "SpaceFilter",
     "Status",
     "StoreError",
     "StoreInfo",

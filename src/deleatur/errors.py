@@ -16,6 +16,9 @@ the shells map ``exit_code`` to the process exit status::
     ├── KeyStoreError                    the keys protecting the store
     │   ├── MasterKeyError               exit 2: master key missing or wrong
     │   └── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
+    ├── AuthenticationError              exit 3: no principal has this API key
+    ├── AccessDeniedError                exit 3: the principal lacks a capability or
+    │                                    scope (names which; the denial is audited)
     ├── IntegrityError                   stored bytes fail authentication, or a log
     │                                    would be made to contradict itself
     ├── log.tlog.LogError                exit 2: no signing key, size out of range
@@ -95,11 +98,29 @@ class DataKeyDestroyedError(KeyStoreError):
     """The subject's data key no longer exists, so its records cannot be read."""
 
 
+class AuthenticationError(DeleaturError):
+    """An API key is malformed, unknown or revoked. The message never says which."""
+
+    exit_code = 3
+
+
+class AccessDeniedError(DeleaturError):
+    """The principal may not make this call: ``missing`` names the capability or scope."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, missing: str, request_id: str | None = None) -> None:
+        super().__init__(message, request_id=request_id)
+        self.missing = missing
+
+
 class IntegrityError(DeleaturError):
     """Stored ciphertext failed authentication: the file was altered or corrupted."""
 
 
 __all__ = [
+    "AccessDeniedError",
+    "AuthenticationError",
     "DataKeyDestroyedError",
     "DeleaturError",
     "IntegrityError",

@@ -7,6 +7,7 @@ its own.
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import os
 import re
@@ -21,15 +22,37 @@ from typing import Any, TextIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from .access.audit import AuditEntry
+from .access.audit import entries as audit_entries
+from .access.audit import verify as verify_audit
+from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
+from .access.principals import (
+    Capability,
+    Principal,
+    Role,
+    digest_matches,
+    new_api_key,
+    parse_role,
+    split_api_key,
+)
 from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
-from .erasure.requests import ErasureRequest
+from .erasure.requests import ErasureRequest, is_request_id
 from .erasure.residue import ResidueHit, scan
-from .errors import IntegrityError, InvalidInputError, KeyStoreError, NotFoundError, StoreError
+from .errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    DeleaturError,
+    IntegrityError,
+    InvalidInputError,
+    KeyStoreError,
+    NotFoundError,
+    StoreError,
+)
 from .ids import IdGenerator, is_record_id
 from .log.checkpoint import Checkpoint
 from .log.cosignature import CosignatureVerifier
@@ -93,6 +116,32 @@ class StoreInfo:
     tenant: str
 
 
+@dataclass(slots=True)
+class _Shared:
+    """State every view of one open store shares (see :meth:`Memory.as_principal`)."""
+
+    signed_at: int
+    keys_announced: bool
+    #: This process appended entries that no checkpoint covers yet.
+    unsigned: bool = False
+
+
+R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
+
+
+def _principal(row: Mapping[str, Any]) -> Principal:
+    scopes = row["scopes"]
+    return Principal(
+        str(row["id"]),
+        str(row["tenant"]),
+        str(row["name"]),
+        Role(row["role"]),
+        scopes=None if scopes is None else frozenset(json.loads(scopes)),
+        created_at=int(row["created_at"]),
+        revoked_at=row["revoked_at"],
+    )
+
+
 def _dumps(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -125,9 +174,13 @@ class Memory:
         self.log = TransparencyLog(
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
         )
-        self._keys_announced = bool(backend.signing_keys())
         self.checkpoint_interval_us = checkpoint_interval_us
-        self._signed_at = -checkpoint_interval_us
+        self._shared = _Shared(signed_at=-checkpoint_interval_us, keys_announced=bool(backend.signing_keys()))
+        #: Who this handle acts for: the local operator, unless it is a view made by
+        #: :meth:`as_principal`. Every public call is authorized and audited as them.
+        self.principal = Principal.local_operator(self.tenant)
+        self._current: Call | None = None
+        self._owner = True
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
         finish_all_pending(self)
@@ -239,10 +292,179 @@ class Memory:
         )
 
     def close(self) -> None:
+        """Close the store. A view made by :meth:`as_principal` owns nothing: closing it
+        does nothing, and the handle that opened the store closes it."""
+        if not self._owner:
+            return
         if self.log.signer is not None:
-            self.checkpoint()  # no entry this handle wrote is left without a signed checkpoint
+            self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
         self.backend.close()
+
+    # -- principals, authorization and the audit of calls --------------------------
+
+    def as_principal(self, principal: Principal) -> Memory:
+        """A view of this store that acts for ``principal``, inside its tenant: every
+        call on it is authorized against the principal's capabilities and scopes, and
+        audited. Views share the open store; make one per request or thread."""
+        if not isinstance(principal, Principal):
+            raise InvalidInputError("as_principal needs a Principal (see authenticate)")
+        if principal.revoked_at is not None:
+            raise AuthenticationError("this principal's key has been revoked")
+        view = copy.copy(self)
+        view.principal = principal
+        view.tenant = principal.tenant
+        view._scope_tokens = {}  # tokens are per tenant
+        view._current = None
+        view._owner = False
+        return view
+
+    def authenticate(self, api_key: str) -> Principal:
+        """The principal an API key belongs to. Every refusal (malformed, unknown,
+        revoked) reads the same, so a caller learns nothing about other keys."""
+        principal_id, secret = split_api_key(api_key)
+        row = self.backend.principal(principal_id)
+        if row is None or row["revoked_at"] is not None or not digest_matches(bytes(row["key_digest"]), secret):
+            raise AuthenticationError("the API key is not valid")
+        return _principal(row)
+
+    @guarded("principal.create", A, of_scopes)
+    def create_principal(
+        self, name: str, role: Role | str, *, scopes: Iterable[str] | None = None, tenant: str | None = None
+    ) -> tuple[Principal, str]:
+        """A new principal and its API key, which is shown here once and never stored.
+
+        Only the operator may create principals in another tenant; a scoped admin may
+        only hand out scopes it holds itself (the guard checks the scopes asked for)."""
+        target = self.tenant if tenant is None else Space(user_id=tenant).user_id
+        if target != self.tenant and not self.principal.operator:
+            raise self._deny("only the deployment operator may create principals in another tenant", "operator")
+        wanted = None if scopes is None else frozenset(scopes)
+        if wanted is not None and not wanted:
+            raise InvalidInputError("scopes, when given, must name at least one user id")
+        principal_id = self._ids.new().replace("-", "")
+        principal = Principal(
+            principal_id,
+            target,
+            name.strip() if isinstance(name, str) else name,
+            parse_role(role) if isinstance(role, str) else role,
+            scopes=wanted,
+            created_at=self._clock(),
+        )
+        api_key, digest = new_api_key(principal_id, self._random(32))
+        with self._logged():
+            self.backend.put_principal(
+                {
+                    "id": principal.id,
+                    "tenant": principal.tenant,
+                    "name": principal.name,
+                    "role": principal.role.value,
+                    "scopes": None if principal.scopes is None else json.dumps(sorted(principal.scopes)),
+                    "key_digest": digest,
+                    "created_at": principal.created_at,
+                    "revoked_at": None,
+                }
+            )
+        return principal, api_key
+
+    @guarded("principal.list", A)
+    def principals(self) -> builtins.list[Principal]:
+        return [_principal(row) for row in self.backend.principals(self.tenant)]
+
+    @guarded("principal.revoke", A)
+    def revoke_principal(self, principal_id: str) -> None:
+        """Revoke a principal's key at once; its audit entries stay."""
+        with self._logged():
+            if not self.backend.revoke_principal(self.tenant, principal_id, self._clock()):
+                raise NotFoundError(f"no active principal {principal_id!r} in tenant {self.tenant!r}")
+
+    def _deny(self, message: str, missing: str) -> AccessDeniedError:
+        request = None if self._current is None else self._current.request
+        return AccessDeniedError(message, missing=missing, request_id=request)
+
+    def _enter_call(
+        self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
+    ) -> Call:
+        # A caller's request id names the call only if it is a well-formed one.
+        call = Call(action, request if is_request_id(request) else self._ids.new(), None)
+        principal = self.principal
+        wanted = capability if isinstance(capability, tuple) else (capability,)
+        if not any(c in principal.capabilities for c in wanted):
+            problem, missing = f"needs the {' or '.join(c.value for c in wanted)} capability", wanted[0].value
+        elif users is None:
+            # Content-free verification material is the only thing a scoped key may
+            # read across the whole tenant.
+            problem, missing = None, ""
+            if principal.scopes is not None and Capability.VERIFY not in wanted:
+                problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
+        else:
+            call.users = tuple(users)
+            problem, missing = None, ""
+            if not principal.covers(call.users):
+                problem, missing = "reaches a user outside this key's scopes", "scope"
+        if problem is not None:
+            call.outcome, call.error = "denied", missing
+            self._append_call(call)
+            raise AccessDeniedError(
+                f"{principal.role.value} principal {principal.id} may not {action}: it {problem}",
+                missing=missing,
+                request_id=call.request,
+            )
+        self._current = call
+        return call
+
+    def _leave_call(self, call: Call, error: BaseException | None) -> None:
+        self._current = None
+        if error is None and call.logged:
+            return
+        if error is not None:
+            if not call.audit and not isinstance(error, AccessDeniedError):
+                return
+            call.outcome = "denied" if isinstance(error, AccessDeniedError) else "failed"
+            call.error = error.missing if isinstance(error, AccessDeniedError) else type(error).__name__
+            if isinstance(error, DeleaturError) and error.request_id is None:
+                error.request_id = call.request
+        self._append_call(call)
+
+    def _append_call(self, call: Call) -> None:
+        with self._logged(audit_only=True) as events:
+            events.append((self._call_entry(call), None))
+
+    def _call_entry(self, call: Call) -> Entry:
+        fields: dict[str, Any] = {
+            "action": call.action,
+            "actor": self.principal.id,
+            "role": self.principal.role.value,
+            "tenant": self.tenant,
+            "outcome": call.outcome,
+            "request": call.request,
+        }
+        if call.users is not None:
+            # Users as opaque per-tenant tokens: a user id can name a person.
+            fields["users"] = sorted({self._user_token(u) for u in call.users})
+        if call.subject is not None:
+            fields["subject"], fields["sealed"] = call.subject
+        if call.error is not None:
+            fields["error"] = call.error
+        return Entry(EventType.CALL, self._clock(), {**fields, **call.extra})
+
+    def _user_token(self, user_id: str) -> str:
+        return "u" + self.keys.index.ref("user", self.tenant, user_id).hex()[:12]
+
+    def _name_subject(self, subject: str | None) -> None:
+        """Name the subject of the current call in its audit entry: as a pseudonym that
+        dies with the subject's key, and sealed under that key for `audit show`."""
+        if self._current is None or self._current.subject is not None or not isinstance(subject, str):
+            return
+        try:
+            canonical = canonical_subject(subject)
+        except InvalidInputError:
+            return  # the call itself reports the bad subject
+        subject_ref = self._subject_ref(canonical)
+        pseudonym = self.keys.pseudonym(self.tenant, subject_ref, canonical)
+        sealed = self.keys.seal(self.tenant, subject_ref, canonical)
+        if pseudonym is not None and sealed is not None:
+            self._current.subject = (pseudonym, sealed)
 
     # -- the signing key and the log ---------------------------------------------
 
@@ -267,7 +489,9 @@ class Memory:
         return signer
 
     @contextmanager
-    def _logged(self, *, sign: bool = False) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
+    def _logged(
+        self, *, sign: bool = False, audit_only: bool = False
+    ) -> Iterator[builtins.list[tuple[Entry, str | None]]]:
         """A write transaction whose events are appended to the log before it commits:
         the change and its record are one unit.
 
@@ -277,24 +501,40 @@ class Memory:
         writes arriving together share a checkpoint. Receipts, `log checkpoint`,
         certificates and ``close()`` sign whatever is not yet covered; a tail a crash
         left uncovered stays visible to `log verify` until the next checkpoint.
+
+        ``audit_only`` transactions (a call's audit entry and nothing else) go ahead
+        without the signing key: a read must not go unrecorded because the key is
+        missing, and its entry stays uncovered, failing `log verify`, until it returns.
         """
-        if self.log.signer is None and self._keys_announced:
+        if self.log.signer is None and self._shared.keys_announced and not audit_only:
             # Writing on would leave entries no checkpoint covers, and verification failing.
             raise KeyStoreError(
                 f"the signing key {self.signing_key_path} is missing: this store's log cannot be signed; restore it"
             )
         events: builtins.list[tuple[Entry, str | None]] = []
+        call = self._current
         with self.backend.atomic():
             yield events
+            if call is not None and not call.logged:
+                events.append((self._call_entry(call), None))
             if events:
                 self.log.append(events)
                 now = self._clock()
-                if self.log.signer is not None and (sign or now - self._signed_at >= self.checkpoint_interval_us):
+                if self.log.signer is not None and (
+                    sign or now - self._shared.signed_at >= self.checkpoint_interval_us
+                ):
                     self.log.sign_appended()
-                    self._signed_at = now
+                    self._shared.signed_at = now
+                    signed = True
+                else:
+                    signed = False
         if events:
+            self._shared.unsigned = not signed
             self.log.committed()
+        if call is not None:
+            call.logged = True
 
+    @guarded("log.new_key", A)
     def new_signing_key(self) -> Signer:
         """Give a store its first signing key (announced as the first key of its log)."""
         if self.log.signer is not None or self.backend.signing_keys():
@@ -306,13 +546,14 @@ class Memory:
                 self.log.signer = signer
                 self.log.announce_key(signer, previous=None)
                 self.log.checkpoint()
-            self._keys_announced = True
+            self._shared.keys_announced = True
         except BaseException:
             self.log.signer = None
             self.signing_key_path.unlink(missing_ok=True)
             raise
         return signer
 
+    @guarded("log.rotate_key", A)
     def rotate_signing_key(self) -> Signer:
         """Replace the signing key: the new key is announced in the log, endorsed by the
         old one, and the checkpoint at the rotation is signed by both. Checkpoints signed
@@ -335,14 +576,23 @@ class Memory:
         os.replace(pending, self.signing_key_path)
         return new
 
+    @guarded("log.checkpoint", (V, R, W), audit=False)
     def checkpoint(self) -> Note:
         """The latest signed checkpoint (signing one now if the log grew without one)."""
+        return self._checkpoint()
+
+    def _checkpoint(self) -> Note:
+        call = self._current
+        if call is not None and not call.logged:
+            with self._logged(sign=True):
+                pass  # the call's own entry, covered by the checkpoint it hands out
         latest = self.backend.checkpoint()
         if latest is not None and latest[0] == self.backend.log_size():
             return Note.parse(latest[1])
         with self.backend.atomic():
             return self.log.checkpoint()
 
+    @guarded("log.receipt", R, in_space)
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
         """A write receipt: the record's log entry, proven included under a signed checkpoint."""
         self._row_in_space(record_id, space)
@@ -356,6 +606,7 @@ class Memory:
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
         return Receipt(record_id=record_id, entry=entry, proof=proof)
 
+    @guarded("log.prove", (V, R), audit=False)
     def prove(self, index: int) -> TlogProof:
         """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``."""
         note = self.checkpoint()
@@ -365,6 +616,7 @@ class Memory:
         entry = self.log.entry(index)
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
 
+    @guarded("log.consistency", (V, R), audit=False)
     def consistency_request(self, old: Note) -> str:
         """Prove the current log extends ``old``, as a tlog-witness add-checkpoint body."""
         try:
@@ -382,6 +634,7 @@ class Memory:
             raise LogError(f"this log's root at size {previous.size} differs from the old checkpoint's")
         return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
 
+    @guarded("log.cosign", A, audit=False)
     def add_cosignatures(self, lines: str, witness: CosignatureVerifier, *, size: int | None = None) -> Note:
         """Attach a witness's cosignatures (note signature lines) to a stored checkpoint,
         after checking each one; the latest checkpoint unless ``size`` is given."""
@@ -404,11 +657,19 @@ class Memory:
             self.backend.put_checkpoint(found[0], cosigned.format(), replace=True)
         return cosigned
 
+    @guarded("log.verify", V, audit=False)
     def verify_log(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
     ) -> Report:
-        """Re-derive the whole log from its entries and check every checkpoint. Reads
-        only: entries not yet covered by a signed checkpoint fail the coverage check."""
+        """Re-derive the whole log from its entries and check every checkpoint.
+
+        Entries this process appended within the checkpoint interval are signed first,
+        as ``close()`` would sign them; any other entry no checkpoint covers fails the
+        coverage check."""
+        if self._shared.unsigned and self.log.signer is not None:
+            with self.backend.atomic():
+                self.log.checkpoint()
+            self._shared.unsigned = False
         return verify_log(
             self.backend.log_entries(),
             self.backend.checkpoints(),
@@ -417,6 +678,19 @@ class Memory:
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
         )
+
+    @guarded("audit.show", V)
+    def audit_entries(
+        self, *, start: int = 0, limit: int | None = None, calls_only: bool = False, actor: str | None = None
+    ) -> Iterator[AuditEntry]:
+        """The audit trail of this tenant, oldest first (see :mod:`deleatur.access.audit`)."""
+        return audit_entries(self, start=start, limit=limit, calls_only=calls_only, actor=actor)
+
+    @guarded("audit.verify", V, audit=False)
+    def verify_audit(self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None) -> Report:
+        """Verify the whole trail; with ``state``, also that it extends the checkpoint
+        the last passing verification recorded there (which catches a cut-back tail)."""
+        return verify_audit(self, pinned_keys=pinned_keys, state=state)
 
     def __enter__(self) -> Memory:
         return self
@@ -484,6 +758,7 @@ class Memory:
 
     # -- writing -----------------------------------------------------------------
 
+    @guarded("remember", W, in_space)
     def remember(
         self,
         text: str,
@@ -511,6 +786,7 @@ class Memory:
         )
         return self.remember_many([item], space=space, for_legal_claim=for_legal_claim)[0]
 
+    @guarded("remember", W, in_space)
     def remember_many(
         self, items: Iterable[NewMemory], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
     ) -> list[Record]:
@@ -683,6 +959,7 @@ class Memory:
         events.append((Entry(EventType.RECTIFY if reason is not None else EventType.WRITE, now, fields), record.id))
         return record
 
+    @guarded("rectify", W, in_space)
     def rectify(
         self,
         key: str,
@@ -700,6 +977,8 @@ class Memory:
         ``erase_previous`` every earlier value of the key is hard-deleted, with the same
         forensic guarantees as an erasure.
         """
+        if erase_previous and D not in self.principal.capabilities:
+            raise self._deny("rectify --erase-previous hard-deletes: it needs the delete capability", D.value)
         validate_text(text, self.max_text_bytes)
         if not reason or not reason.strip():
             raise InvalidInputError("rectify needs a reason")
@@ -741,6 +1020,7 @@ class Memory:
             self.backend.scrub()
         return record
 
+    @guarded("forget", W, in_space)
     def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
         """Retire a fact: it is no longer recalled, and stays in history."""
         if (record_id is None) == (key is None):
@@ -790,6 +1070,7 @@ class Memory:
 
     # -- erasure (Art. 17) ---------------------------------------------------------
 
+    @guarded("erase", D, of_filter)
     def erase(
         self,
         subject: str,
@@ -809,8 +1090,10 @@ class Memory:
 
         ``dry_run`` only reports the blast radius (and, with ``issue_token``, returns a
         single-use confirmation token). A repeated ``request_id`` returns the earlier
-        result. See :mod:`deleatur.erasure.engine`.
+        result. See :mod:`deleatur.erasure.engine`. An agent principal must always
+        confirm with the token of a dry run.
         """
+        self._name_subject(subject)
         return erase(
             self,
             subject=subject,
@@ -822,9 +1105,10 @@ class Memory:
             allow_ambiguous=allow_ambiguous,
             issue_token=issue_token,
             confirmation=confirmation,
-            require_confirmation=require_confirmation,
+            require_confirmation=require_confirmation or self.principal.role is Role.AGENT,
         )
 
+    @guarded("erase_all", D, of_user)
     def erase_all(
         self,
         *,
@@ -850,36 +1134,45 @@ class Memory:
             dry_run=dry_run,
             issue_token=issue_token,
             confirmation=confirmation,
-            require_confirmation=require_confirmation,
+            require_confirmation=require_confirmation or self.principal.role is Role.AGENT,
         )
 
+    @guarded("erasure.certificate", (R, V))
     def certificate(self, request_id: str) -> dict[str, Any]:
         """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
         return build_certificate(self, request_id)
 
+    @guarded("erasure.residue", R)
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:
         """Live records not tagged with ``subject`` that mention one of its identifiers."""
         return scan(self, subject, builtins.list(identifiers))
 
     # -- access and portability (Art. 15, 20) ---------------------------------------
 
+    @guarded("export", R, of_user)
     def export_json(self, out: TextIO, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """Stream everything held about a subject or a user as JSON (``deleatur-export/v1``)."""
+        self._name_subject(subject)
         return export_json(self, out, subject=subject, user_id=user_id)
 
+    @guarded("export", R, of_user)
     def export_csv(self, directory: Path, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """The same export as a CSV bundle in an empty directory."""
+        self._name_subject(subject)
         return export_csv(self, directory, subject=subject, user_id=user_id)
 
     # -- storage limitation (Art. 5(1)(e)) ---------------------------------------------
 
+    @guarded("retention.set", A)
     def set_retention(self, kind: str, days: float | None) -> None:
         """Records written to spaces of ``kind`` (user, agent, run) expire after ``days``."""
         set_policy(self, kind, days)
 
+    @guarded("retention.show", (R, V))
     def retention_policy(self) -> dict[str, float | None]:
         return policy(self)
 
+    @guarded("purge", D)
     def purge(
         self, *, older_than_days: float | None = None, request_id: str | None = None, dry_run: bool = False
     ) -> ErasureResult:
@@ -889,19 +1182,26 @@ class Memory:
 
     # -- restriction (Art. 18) ------------------------------------------------------
 
+    @guarded("restrict", D)
     def restrict(self, subject: str, *, reason: str, actor: str) -> Restriction:
         """Restrict processing of a subject: kept, never recalled, writes refused."""
+        self._name_subject(subject)
         return restrict(self, subject, reason=reason, actor=actor)
 
+    @guarded("unrestrict", D)
     def unrestrict(self, subject: str, *, actor: str) -> None:
+        self._name_subject(subject)
         unrestrict(self, subject, actor=actor)
 
+    @guarded("restrictions", (R, V))
     def restrictions(self) -> builtins.list[Restriction]:
         return restrictions(self)
 
+    @guarded("erasure.status", (R, V))
     def erasure_request(self, request_id: str) -> ErasureRequest:
         return get_request(self, request_id)
 
+    @guarded("erasure.list", (R, V))
     def erasure_requests(self) -> builtins.list[ErasureRequest]:
         return [ErasureRequest.from_row(row) for row in self.backend.requests(self.tenant)]
 
@@ -917,9 +1217,11 @@ class Memory:
             raise NotFoundError(f"no record {record_id} in this space", record_id=record_id)
         return row
 
+    @guarded("get", R, in_space)
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
         return self._decrypt(self._row_in_space(record_id, space))
 
+    @guarded("recall", R, in_space)
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> list[Hit]:
         """Full-text search (BM25) over the active, unexpired records of one space."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
@@ -940,6 +1242,7 @@ class Memory:
         hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit, recent_first=not rare)
         return [Hit(self._decrypt(row), score) for row, score in hits]
 
+    @guarded("list", R, in_space)
     def list(
         self,
         *,
@@ -961,6 +1264,7 @@ class Memory:
         for row in self.backend.select(where):
             yield self._decrypt(row)
 
+    @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         """Every version of a key in one space, oldest first."""
         rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))

@@ -21,6 +21,7 @@ from ..crypto.master import default_key_file, from_environment
 from ..errors import DeleaturError, InvalidInputError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
+from . import access as _access_commands  # noqa: F401  (registers principals, audit, whoami)
 from . import erasure as _erasure_commands  # noqa: F401  (registers the erasure commands)
 from . import rights as _rights_commands  # noqa: F401  (registers the restriction commands)
 from . import serve as _serve_commands  # noqa: F401  (registers deleatur serve)

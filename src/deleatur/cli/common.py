@@ -39,6 +39,7 @@ class Options:
     store: Path = _default_store()
     tenant: str = "default"
     key_file: Path | None = None
+    api_key: str | None = None
 
 
 @app.callback()
@@ -59,8 +60,18 @@ def _global(
             " DELEATUR_MASTER_KEY or DELEATUR_PASSPHRASE take precedence.",
         ),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="DELEATUR_API_KEY",
+            help="Act as the principal of this API key. Without one, a command acts as the"
+            " local operator: the tenant's admin, on the store's own machine.",
+        ),
+    ] = None,
 ) -> None:
     Options.store = store or _default_store()
+    Options.api_key = api_key
     Options.tenant = tenant
     Options.key_file = master_key_file
 
@@ -69,7 +80,13 @@ def _global(
 def open_memory() -> Iterator[Memory]:
     master = from_environment(Options.store, Options.key_file)
     with Memory.open(Options.store, master, tenant=Options.tenant) as memory:
-        yield memory
+        if Options.api_key is None:
+            yield memory
+            return
+        principal = memory.authenticate(Options.api_key)
+        if Options.tenant not in ("default", principal.tenant):
+            raise InvalidInputError(f"this API key belongs to tenant {principal.tenant!r}, not {Options.tenant!r}")
+        yield memory.as_principal(principal)
 
 
 UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memory space.")]

@@ -11,6 +11,7 @@ blind index (HMAC-SHA-256 under a key derived from the master key).
 
 from __future__ import annotations
 
+import base64
 import hmac
 import struct
 from collections import OrderedDict
@@ -34,6 +35,7 @@ KEYSTORE_SCHEMA_VERSION = 1
 _CHECK_PLAINTEXT = b"deleatur master key check v1"
 _NONCE = 12
 _CACHE_SIZE = 4096
+_SEAL_AAD = b"deleatur/sealed/v1\n"
 _LENGTH = struct.Struct(">I")
 
 
@@ -221,6 +223,36 @@ class KeyStore:
             raise MasterKeyError("a data key failed authentication: the key store was altered") from None
         secret = _hkdf(raw, b"deleatur/v1/pseudonym")
         return "psn:" + hmac.new(secret, value.encode("utf-8"), sha256).hexdigest()[:32]
+
+    def seal(self, tenant: str, subject_ref: bytes, value: str) -> str | None:
+        """``value`` encrypted under the subject's current data key, as text that names
+        the key: readable while the key lives, noise once it is destroyed. None if the
+        subject has no key (nothing is created for it)."""
+        row = self._conn.execute(
+            "SELECT key_id FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ).fetchone()
+        if row is None:
+            return None
+        key_id = bytes(row[0])
+        nonce = self._random(_NONCE)
+        sealed = nonce + self.key_by_id(key_id).encrypt(nonce, value.encode("utf-8"), _SEAL_AAD + key_id)
+        return key_id.hex() + ":" + base64.b64encode(sealed).decode("ascii")
+
+    def unseal(self, sealed: str) -> str | None:
+        """What :meth:`seal` sealed, or None once its key is destroyed."""
+        try:
+            key_hex, _, body = sealed.partition(":")
+            key_id, raw = bytes.fromhex(key_hex), base64.b64decode(body, validate=True)
+        except ValueError:
+            return None
+        try:
+            aead = self.key_by_id(key_id)
+        except DataKeyDestroyedError:
+            return None
+        try:
+            return aead.decrypt(raw[:_NONCE], raw[_NONCE:], _SEAL_AAD + key_id).decode("utf-8")
+        except (InvalidTag, ValueError):
+            return None
 
     def key_ids(self, tenant: str, subject_refs: Iterable[bytes]) -> list[bytes]:
         """The ids of the subjects' current data keys (the ones an erasure must destroy)."""

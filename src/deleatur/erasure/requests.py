@@ -31,8 +31,12 @@ class RequestKind(enum.StrEnum):
     RETENTION = "retention"
 
 
+def is_request_id(value: object) -> bool:
+    return isinstance(value, str) and _REQUEST_ID.fullmatch(value) is not None
+
+
 def check_request_id(value: str) -> str:
-    if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
+    if not is_request_id(value):
         raise InvalidInputError(
             "request id must be 1-64 characters of letters, digits and . _ : - (starting with a letter or digit)"
         )

@@ -41,6 +41,9 @@ class EventType(enum.StrEnum):
     UNRESTRICT = "unrestrict"
     #: An Art. 15/20 export: what kind (subject or user) and how many records.
     EXPORT = "export"
+    #: One per library call (issue 5's audit trail): actor, tenant, users as opaque
+    #: tokens, action, outcome, request id; a subject only as a pseudonym and sealed.
+    CALL = "call"
 
 
 _TYPES = frozenset(t.value for t in EventType)

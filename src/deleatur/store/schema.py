@@ -132,8 +132,25 @@ def _v4(conn: apsw.Connection) -> None:
     ).fetchall()
 
 
+def _v5(conn: apsw.Connection) -> None:
+    """Principals and their API keys: only a digest of each key's secret is kept."""
+    conn.execute(
+        """CREATE TABLE principals(
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            name TEXT NOT NULL,
+            role TEXT NOT NULL,
+            scopes TEXT,
+            key_digest BLOB NOT NULL,
+            created_at INTEGER NOT NULL,
+            revoked_at INTEGER
+        ) WITHOUT ROWID"""
+    ).fetchall()
+    conn.execute("CREATE INDEX principals_tenant ON principals(tenant, created_at)").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

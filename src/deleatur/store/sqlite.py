@@ -43,6 +43,7 @@ _REQUEST_COLUMNS = (
     "pending_keys",
     "fingerprint",
 )
+_PRINCIPAL_COLUMNS = ("id", "tenant", "name", "role", "scopes", "key_digest", "created_at", "revoked_at")
 _LEVEL_SHIFT = 50
 _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
 # A unary plus on "+tenant" keeps the planner on the id index for lookups by id:
@@ -403,6 +404,35 @@ class SQLiteBackend:
             sql, args = sql + " AND subject_ref = ?", (tenant, subject_ref)
         names = ("tenant", "subject_ref", "pseudonym", "reason", "actor", "since")
         return [dict(zip(names, row, strict=True)) for row in self._conn.execute(sql + " ORDER BY since", args)]
+
+    def put_principal(self, row: Mapping[str, Any]) -> None:
+        self._conn.execute(
+            f"INSERT INTO principals({', '.join(_PRINCIPAL_COLUMNS)})"
+            f" VALUES ({', '.join(':' + c for c in _PRINCIPAL_COLUMNS)})",
+            dict(row),
+        )
+
+    def principal(self, principal_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            f"SELECT {', '.join(_PRINCIPAL_COLUMNS)} FROM principals WHERE id = ?", (principal_id,)
+        ).fetchone()
+        return None if row is None else dict(zip(_PRINCIPAL_COLUMNS, row, strict=True))
+
+    def principals(self, tenant: str) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            f"SELECT {', '.join(_PRINCIPAL_COLUMNS)} FROM principals WHERE tenant = ? ORDER BY created_at, id",
+            (tenant,),
+        )
+        return [dict(zip(_PRINCIPAL_COLUMNS, row, strict=True)) for row in rows]
+
+    def revoke_principal(self, tenant: str, principal_id: str, at: int) -> bool:
+        return (
+            self._conn.execute(
+                "UPDATE principals SET revoked_at = ? WHERE tenant = ? AND id = ? AND revoked_at IS NULL RETURNING 1",
+                (at, tenant, principal_id),
+            ).fetchone()
+            is not None
+        )
 
     def purge(self, record_ids: Iterable[str]) -> int:
         count = 0

@@ -1,0 +1,1 @@
+"""Principals, their capabilities and scopes, and the authorization and audit of every call."""

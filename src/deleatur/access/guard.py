@@ -1,0 +1,111 @@
+"""Every public call of a :class:`~deleatur.Memory` is authorized, then audited.
+
+``@guarded(action, capability, reach)`` wraps a method. Before the body runs, the
+handle's principal must hold ``capability`` and its scopes must cover the users the
+call reaches; a refusal raises :class:`~deleatur.errors.AccessDeniedError` and is
+itself written to the log. Afterwards the call becomes one ``call`` entry (who,
+tenant, which users as opaque tokens, action, outcome, request id): inside the
+call's own write transaction when it has one, so the change and its audit commit
+together, or in a transaction of its own for reads and failures.
+
+A guarded method called from inside another guarded call is part of that call: it
+is neither re-authorized nor audited twice.
+
+Calls that only hand out public, content-free log material (checkpoints, proofs,
+verification) are made with ``audit=False``: they are authorized, and a refusal is
+logged, but a success is not. Logging them would change the very log they verify
+with every look at it, so that no two readers would ever see the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+from ..model import DEFAULT_SPACE, EVERYWHERE, Space, SpaceFilter
+from .principals import Capability
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Which user ids a call touches, from its arguments: None for the whole tenant.
+Reach = Callable[[tuple[Any, ...], Mapping[str, Any]], Iterable[str] | None]
+
+
+def tenant_wide(_args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> None:
+    return None
+
+
+def in_space(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str]:
+    space = kwargs.get("space", DEFAULT_SPACE)
+    return (space.user_id if isinstance(space, Space) else "",)
+
+
+def of_user(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
+    user = kwargs.get("user_id")
+    return None if user is None else (str(user),)
+
+
+def of_filter(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
+    where = kwargs.get("where", kwargs.get("scope", EVERYWHERE))
+    return (where.user_id,) if isinstance(where, SpaceFilter) and where.user_id is not None else None
+
+
+def of_scopes(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """A new principal reaches the users it will be scoped to (all, if unscoped)."""
+    scopes = kwargs.get("scopes")
+    return None if scopes is None else tuple(scopes)
+
+
+@dataclass(slots=True)
+class Call:
+    """One call in progress, and what its audit entry will say."""
+
+    action: str
+    request: str
+    users: tuple[str, ...] | None
+    subject: tuple[str, str] | None = None  # (pseudonym, sealed name) once the call names one
+    outcome: str = "ok"
+    error: str | None = None
+    logged: bool = False
+    audit: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Guarded(Protocol):
+    def _enter_call(
+        self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
+    ) -> Call: ...
+
+    def _leave_call(self, call: Call, error: BaseException | None) -> None: ...
+
+    @property
+    def _current(self) -> Call | None: ...
+
+
+G = TypeVar("G", bound=Guarded)
+
+
+def guarded(
+    action: str, capability: Capability | tuple[Capability, ...], reach: Reach = tenant_wide, *, audit: bool = True
+) -> Callable[[Callable[Concatenate[G, P], R]], Callable[Concatenate[G, P], R]]:
+    def decorate(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:
+        @functools.wraps(method)
+        def wrapper(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            if self._current is not None:
+                return method(self, *args, **kwargs)
+            call = self._enter_call(action, capability, reach(args, kwargs), kwargs.get("request_id"))
+            call.audit, call.logged = audit, not audit
+            try:
+                result = method(self, *args, **kwargs)
+            except BaseException as exc:
+                self._leave_call(call, exc)
+                raise
+            self._leave_call(call, None)
+            return result
+
+        return wrapper
+
+    return decorate

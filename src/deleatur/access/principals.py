@@ -1,0 +1,131 @@
+"""Who calls: principals, their roles and capabilities, and their API keys.
+
+A principal belongs to exactly one tenant and acts only inside it. Its role maps to
+capabilities; its optional scopes name the ``user_id`` s it may touch. An API key
+is ``dlt_<principal id>_<secret>``: the secret is 256 random bits, shown once, and
+only its SHA-256 digest is stored (a secret that strong needs no slow hash).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import AuthenticationError, InvalidInputError
+from ..model import Space
+
+KEY_PREFIX = "dlt_"
+SECRET_BYTES = 32
+_KEY = re.compile(r"dlt_([0-9a-f]{32})_([A-Za-z0-9_-]{43})")
+#: The id of the principal a local shell acts as: the deployment's operator.
+OPERATOR_ID = "local-operator"
+
+
+class Capability(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+    DELETE = "delete"
+    VERIFY = "verify"
+    ADMIN = "admin"
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+    AGENT = "agent"
+    VIEWER = "viewer"
+    AUDITOR = "auditor"
+
+
+C = Capability
+ROLE_CAPABILITIES: dict[Role, frozenset[Capability]] = {
+    Role.ADMIN: frozenset(C),
+    Role.MEMBER: frozenset({C.READ, C.WRITE, C.DELETE, C.VERIFY}),
+    # Agents may erase, but only with the token of a dry run (see erasure.engine).
+    Role.AGENT: frozenset({C.READ, C.WRITE, C.DELETE}),
+    Role.VIEWER: frozenset({C.READ}),
+    Role.AUDITOR: frozenset({C.VERIFY}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """A caller. ``scopes`` is None for a principal that may touch every user of its
+    tenant; ``operator`` marks the deployment operator (a local shell), the only one
+    who may purge audit entries."""
+
+    id: str
+    tenant: str
+    name: str
+    role: Role
+    scopes: frozenset[str] | None = None
+    operator: bool = False
+    created_at: int = 0
+    revoked_at: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant", Space(user_id=self.tenant).user_id)
+        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 200:
+            raise InvalidInputError("a principal's name must be 1 to 200 characters")
+        object.__setattr__(self, "role", Role(self.role))
+        if self.scopes is not None:
+            object.__setattr__(self, "scopes", frozenset(Space(user_id=u).user_id for u in self.scopes))
+
+    @classmethod
+    def local_operator(cls, tenant: str) -> Principal:
+        return cls(OPERATOR_ID, tenant, "local operator", Role.ADMIN, operator=True)
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return ROLE_CAPABILITIES[self.role]
+
+    def covers(self, user_ids: Iterable[str]) -> bool:
+        """Whether every one of ``user_ids`` is within this principal's scopes."""
+        return self.scopes is None or all(u in self.scopes for u in user_ids)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "role": self.role.value,
+            "capabilities": sorted(c.value for c in self.capabilities),
+            "scopes": None if self.scopes is None else sorted(self.scopes),
+            "operator": self.operator,
+            "created_at": self.created_at,
+            "revoked_at": self.revoked_at,
+        }
+
+
+def parse_role(value: str) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        raise InvalidInputError(f"unknown role {value!r}; roles are {', '.join(r.value for r in Role)}") from None
+
+
+def new_api_key(principal_id: str, secret: bytes) -> tuple[str, bytes]:
+    """The key string to show once, and the digest to store."""
+    text = base64.urlsafe_b64encode(secret).rstrip(b"=").decode("ascii")
+    return f"{KEY_PREFIX}{principal_id}_{text}", secret_digest(text)
+
+
+def secret_digest(secret_text: str) -> bytes:
+    return hashlib.sha256(b"deleatur/api-key/v1\n" + secret_text.encode("ascii")).digest()
+
+
+def split_api_key(api_key: str) -> tuple[str, str]:
+    """(principal id, secret text); a malformed key is refused without saying more."""
+    match = _KEY.fullmatch(api_key.strip()) if isinstance(api_key, str) else None
+    if match is None:
+        raise AuthenticationError("the API key is malformed")
+    return match.group(1), match.group(2)
+
+
+def digest_matches(stored: bytes, secret_text: str) -> bool:
+    return hmac.compare_digest(stored, secret_digest(secret_text))

@@ -1,0 +1,178 @@
+"""The audit trail: what it shows whom, and that every way of tampering with it is
+caught by `audit verify` — including cutting the newest entry together with the
+latest checkpoint, which a peer's hash chain accepts."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur import AccessDeniedError, Entry, EventType, Memory, Role, Space
+
+from .conftest import Cli
+
+BASIS = "Art. 17(1)(a)"
+
+
+def _conn(memory: Memory) -> apsw.Connection:
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    assert isinstance(conn, apsw.Connection)
+    return conn
+
+
+def _busy_trail(memory: Memory) -> None:
+    """A trail of calls by several principals, a denial among them."""
+    memory.remember("Alice likes tea", subject="Alice Quartz", space=Space("u1"))
+    viewer, _ = memory.create_principal("reader", Role.VIEWER, scopes=["u1"])
+    view = memory.as_principal(viewer)
+    view.recall("tea", space=Space("u1"))
+    with pytest.raises(AccessDeniedError):
+        view.recall("tea", space=Space("u2"))
+    memory.export_json(io.StringIO(), subject="Alice Quartz")
+    memory.recall("tea", space=Space("u1"))  # a read: one call entry, signed on its own
+
+
+def _calls(memory: Memory) -> list[int]:
+    return [i for i, raw in memory.backend.log_entries() if Entry.decode(raw).type is EventType.CALL]
+
+
+def _edit_outcome(memory: Memory) -> None:
+    index, raw = next((i, r) for i, r in memory.backend.log_entries() if b'"outcome":"denied"' in r)
+    _conn(memory).execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (raw.replace(b'"denied"', b'"ok"'), index))
+
+
+def _delete_middle(memory: Memory) -> None:
+    _conn(memory).execute("DELETE FROM log_entries WHERE idx = ?", (_calls(memory)[2],))
+
+
+def _cut_tail_keep_checkpoint(memory: Memory) -> None:
+    _conn(memory).execute("DELETE FROM log_entries WHERE idx = (SELECT max(idx) FROM log_entries)")
+
+
+def _reorder(memory: Memory) -> None:
+    a, b = _calls(memory)[1:3]
+    rows = dict(memory.backend.log_entries())
+    conn = _conn(memory)
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (rows[b], a))
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (rows[a], b))
+
+
+def _cut_newest_with_its_checkpoint(memory: Memory) -> None:
+    """What a careful attacker does: drop the newest entry, every stored hash that
+    covers it, and every checkpoint that mentions it. What is left is self-consistent."""
+    new_size = memory.backend.log_size() - 1
+    conn = _conn(memory)
+    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
+    for level in range(64):
+        conn.execute(
+            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
+        )
+    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
+
+
+TAMPERING: dict[str, tuple[Callable[[Memory], None], str]] = {
+    "an edited entry": (_edit_outcome, "roots"),
+    "a deleted entry": (_delete_middle, "entries"),
+    "a truncated tail": (_cut_tail_keep_checkpoint, "coverage"),
+    "reordered entries": (_reorder, "roots"),
+    "the newest entry deleted with the latest checkpoint": (_cut_newest_with_its_checkpoint, "pinned"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_every_tampering_is_caught(memory: Memory, tmp_path: Path, case: str) -> None:
+    tamper, check = TAMPERING[case]
+    _busy_trail(memory)
+    state = tmp_path / "auditor.state"
+    assert memory.verify_audit(state=state).ok  # the auditor's visit records the head
+    assert state.exists()
+    tamper(memory)
+    report = memory.verify_audit(state=state)
+    assert not report.ok
+    assert check in [c.name for c in report.failed]
+    # A failed verification leaves the auditor's memory as it was.
+    assert memory.verify_audit(state=state).ok is False
+
+
+def test_the_cut_tail_passes_only_for_a_reader_without_memory(memory: Memory) -> None:
+    _busy_trail(memory)
+    _cut_newest_with_its_checkpoint(memory)
+    alone = memory.verify_audit()
+    assert alone.ok
+    assert any("NOT ANCHORED" in note for note in alone.notes)
+
+
+def test_a_clean_trail_verifies_again_and_again(memory: Memory, tmp_path: Path) -> None:
+    state = tmp_path / "auditor.state"
+    for _ in range(3):
+        _busy_trail(memory)
+        assert memory.verify_audit(state=state).ok
+    state.write_text("not a checkpoint")
+    with pytest.raises(Exception, match="not an auditor state file"):
+        memory.verify_audit(state=state)
+
+
+def test_show_names_subjects_only_to_readers_and_only_until_erasure(memory: Memory) -> None:
+    _busy_trail(memory)
+    exported = [a for a in memory.audit_entries(calls_only=True) if a.entry.fields["action"] == "export"]
+    assert [a.subject for a in exported] == ["alice quartz"]
+    auditor, _ = memory.create_principal("auditor", Role.AUDITOR)
+    as_auditor = list(memory.as_principal(auditor).audit_entries(calls_only=True))
+    assert all(a.subject is None for a in as_auditor)
+    assert any(a.entry.fields.get("subject", "").startswith("psn:") for a in as_auditor)
+    memory.erase("Alice Quartz", request_id="E-1", basis=BASIS, requester="dpo")
+    after = [a for a in memory.audit_entries(calls_only=True) if a.entry.fields.get("subject")]
+    assert after and all(a.subject is None for a in after)  # the sealed names died with the key
+    shown = json.dumps([a.to_json() for a in memory.audit_entries()]).lower()
+    assert "quartz" not in shown
+
+
+def test_show_is_limited_to_the_callers_tenant(memory: Memory) -> None:
+    memory.remember("x", subject="a")
+    outsider, _ = memory.create_principal("acme auditor", Role.AUDITOR, tenant="acme")
+    seen = list(memory.as_principal(outsider).audit_entries())
+    assert {a.entry.fields.get("tenant") for a in seen} <= {"acme", None}
+    # It sees the creation of the store's signing key, and its own call.
+    assert [a.entry.fields.get("action", a.entry.type.value) for a in seen] == ["key", "audit.show"]
+    assert seen[-1].entry.fields["actor"] == outsider.id
+
+
+def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init")[0] == 0
+    assert cli("remember", "Alice likes tea", "-s", "Alice", "-u", "u1")[0] == 0
+    code, out, _ = cli("principals", "create", "bot", "--role", "agent", "--scope", "u1", "--json")
+    assert code == 0
+    made = json.loads(out)
+    assert made["role"] == "agent" and made["scopes"] == ["u1"]
+    code, out, _ = cli("--api-key", made["api_key"], "whoami", "--json")
+    assert json.loads(out)["id"] == made["id"]
+    code, out, _ = cli("--api-key", made["api_key"], "recall", "tea", "-u", "u1", "--json")
+    assert code == 0 and json.loads(out)[0]["text"] == "Alice likes tea"
+    code, _, err = cli("--api-key", made["api_key"], "recall", "tea", "-u", "u2")
+    assert code == 3
+    assert "outside this key's scopes" in err
+    code, _, err = cli("--api-key", made["api_key"], "principals", "list")
+    assert code == 3 and "admin capability" in err
+    code, _, err = cli("--api-key", "dlt_nope", "whoami")
+    assert code == 3 and "malformed" in err
+    code, out, _ = cli("audit", "show", "--calls", "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["action"], r["outcome"]) for r in rows[-4:]] == [
+        ("recall", "ok"),
+        ("recall", "denied"),
+        ("principal.list", "denied"),
+        ("audit.show", "ok"),  # showing the trail is a call like any other
+    ]
+    state = tmp_path / "auditor.state"
+    code, out, _ = cli("audit", "verify", "--state", str(state))
+    assert code == 0 and "VERDICT: PASS" in out
+    code, out, _ = cli("principals", "list", "--json")
+    assert [p["name"] for p in json.loads(out)] == ["bot"]
+    assert cli("principals", "revoke", made["id"])[0] == 0
+    assert cli("--api-key", made["api_key"], "whoami")[0] == 3
+    assert cli("principals", "revoke", made["id"])[0] == 2
