@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
-from deleatur import Memory, from_bytes
+from deleatur import Memory, Role, from_bytes
 
 from .conftest import MASTER
 
@@ -23,6 +23,12 @@ def new_store(path: Path) -> Callable[[], Memory]:
     memory, _ = Memory.init(path, from_bytes(MASTER))
     memory.close()
     return lambda: Memory.open(path, from_bytes(MASTER))
+
+
+def api_key(open_memory: Callable[[], Memory], role: Role, *, scopes: list[str] | None = None) -> str:
+    """A new principal's API key, made by the local operator."""
+    with open_memory() as memory:
+        return memory.create_principal(f"test {role.value}", role, scopes=scopes)[1]
 
 
 @contextmanager

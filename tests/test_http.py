@@ -9,25 +9,43 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from deleatur import InvalidInputError, Memory, NotFoundError
+from deleatur import AccessDeniedError, AuthenticationError, InvalidInputError, Memory, NotFoundError, Role
 from deleatur.client import Client
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.model import Space, SpaceFilter
 from deleatur.servers.http import create_app
 
-from .serving import new_store, serving
+from .serving import api_key, new_store, serving
+
+Keys = dict[Role, str]
 
 
 @pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    store = tmp_path_factory.mktemp("http") / "mem.db"
-    with serving(create_app(new_store(store), max_body_bytes=64 * 1024)) as url:
-        yield url
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Keys]]:
+    opener = new_store(tmp_path_factory.mktemp("http") / "mem.db")
+    keys = {role: api_key(opener, role) for role in Role}
+    with serving(create_app(opener, max_body_bytes=64 * 1024)) as url:
+        yield url, keys
 
 
 @pytest.fixture
-def client(base_url: str) -> Iterator[Client]:
-    with Client(base_url) as made:
+def base_url(server: tuple[str, Keys]) -> str:
+    return server[0]
+
+
+@pytest.fixture
+def keys(server: tuple[str, Keys]) -> Keys:
+    return server[1]
+
+
+@pytest.fixture
+def admin(keys: Keys) -> dict[str, str]:
+    return {"Authorization": f"Bearer {keys[Role.ADMIN]}"}
+
+
+@pytest.fixture
+def client(base_url: str, keys: Keys) -> Iterator[Client]:
+    with Client(base_url, api_key=keys[Role.ADMIN]) as made:
         yield made
 
 
@@ -68,7 +86,7 @@ def test_receipt_and_log(client: Client) -> None:
     assert client.verify_log()["verdict"] == "PASS"
 
 
-def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: str) -> None:
+def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: str, admin: dict[str, str]) -> None:
     kept = client.remember("Bob likes tea", subject="Bob", space=Space("erase-user"))
     doomed = client.remember("Carol's address", subject="Carol Jones", space=Space("erase-user"))
     client.remember("Carol, derived", subject="Team", derived_from=[doomed["id"]], space=Space("erase-user"))
@@ -76,7 +94,9 @@ def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: st
     assert plan["plan"]["total"] == 2
     assert plan["token"]
     response = httpx.delete(
-        f"{base_url}/v1/subjects/Carol Jones", headers={"Idempotency-Key": "DSAR-1"}, params={"basis": "Art. 17(1)(a)"}
+        f"{base_url}/v1/subjects/Carol Jones",
+        headers={"Idempotency-Key": "DSAR-1", **admin},
+        params={"basis": "Art. 17(1)(a)"},
     )
     assert response.status_code == 202
     body = response.json()
@@ -105,16 +125,16 @@ def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: st
     assert "DSAR-1" in [r["id"] for r in client.erasure_requests()]
 
 
-def test_erase_refusals_have_codes(client: Client, base_url: str) -> None:
+def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[str, str]) -> None:
     client.remember("one", subject="Dana Ng", space=Space("amb"))
     client.remember("two", subject="dana  ng", space=Space("amb"))
     with pytest.raises(AmbiguousSubjectError) as ambiguous:
         client.erase("Dana Ng", request_id="AMB-1", scope=SpaceFilter("amb"))
     assert ambiguous.value.status == 409  # type: ignore[attr-defined]
-    response = httpx.delete(f"{base_url}/v1/subjects/x", headers={"Idempotency-Key": "bad id!"})
+    response = httpx.delete(f"{base_url}/v1/subjects/x", headers={"Idempotency-Key": "bad id!", **admin})
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_input"
-    missing = httpx.get(f"{base_url}/v1/erasures/NOPE")
+    missing = httpx.get(f"{base_url}/v1/erasures/NOPE", headers=admin)
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
@@ -147,10 +167,10 @@ def test_export_restrict_and_purge(client: Client) -> None:
     assert purged["request_id"] == "RET-1"
 
 
-def test_errors_and_limits(base_url: str) -> None:
-    bad = httpx.post(f"{base_url}/v1/memories", json={"text": "no subject"})
+def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
+    bad = httpx.post(f"{base_url}/v1/memories", json={"text": "no subject"}, headers=admin)
     assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_request")
-    empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"})
+    empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"}, headers=admin)
     assert (empty.status_code, empty.json()["error"]["code"]) == (422, "invalid_input")
     big = httpx.post(f"{base_url}/v1/memories", content=b"{" + b" " * 70_000 + b"}")
     assert (big.status_code, big.json()["error"]["code"]) == (413, "body_too_large")
@@ -158,9 +178,9 @@ def test_errors_and_limits(base_url: str) -> None:
     def chunks() -> Iterator[bytes]:
         yield from (b" " * 10_000 for _ in range(10))
 
-    chunked = httpx.post(f"{base_url}/v1/memories", content=chunks())
+    chunked = httpx.post(f"{base_url}/v1/memories", content=chunks(), headers=admin)
     assert chunked.status_code == 413
-    route = httpx.get(f"{base_url}/v1/nothing-here")
+    route = httpx.get(f"{base_url}/v1/nothing-here", headers=admin)
     assert (route.status_code, route.json()["error"]["code"]) == (404, "no_such_route")
     spec = httpx.get(f"{base_url}/openapi.json").json()
     assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
@@ -171,6 +191,51 @@ def test_unexpected_error_is_a_500_naming_only_its_type() -> None:
         raise OSError("disk gone")
 
     with serving(create_app(broken)) as url:
-        response = httpx.get(f"{url}/v1/checkpoint")
+        response = httpx.get(f"{url}/v1/checkpoint", headers={"Authorization": "Bearer dlt_any"})
     assert response.status_code == 500
     assert response.json()["error"] == {"code": "internal", "message": "internal error (OSError)"}
+
+
+def test_bearer_key_required_and_capabilities_enforced(base_url: str, keys: Keys) -> None:
+    for headers in ({}, {"Authorization": "Bearer dlt_nope"}, {"Authorization": f"Basic {keys[Role.ADMIN]}"}):
+        refused = httpx.get(f"{base_url}/v1/memories", headers=headers)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (401, "unauthenticated")
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+    assert httpx.get(f"{base_url}/openapi.json").status_code == 200  # the API's description is public
+    with Client(base_url, api_key="dlt_bad") as stranger, pytest.raises(AuthenticationError):
+        stranger.list()
+    with Client(base_url, api_key=keys[Role.VIEWER]) as viewer:
+        assert viewer.list(space=Space("nobody")) == []
+        with pytest.raises(AccessDeniedError) as denied:
+            viewer.remember("x", subject="y")
+        assert denied.value.missing == "write"
+        assert denied.value.status == 403  # type: ignore[attr-defined]
+    who = httpx.get(f"{base_url}/v1/whoami", headers={"Authorization": f"Bearer {keys[Role.AUDITOR]}"}).json()
+    assert (who["role"], who["capabilities"]) == ("auditor", ["verify"])
+    with Client(base_url, api_key=keys[Role.AUDITOR]) as auditor:
+        assert auditor.verify_log()["verdict"] == "PASS"
+        denied_erasure = httpx.delete(
+            f"{base_url}/v1/subjects/anyone", headers={"Authorization": f"Bearer {keys[Role.AUDITOR]}"}
+        )
+        assert denied_erasure.status_code == 403
+        assert denied_erasure.json()["error"]["missing"] == "delete"
+
+
+def test_agent_erases_only_with_its_dry_run_token(base_url: str, keys: Keys) -> None:
+    with Client(base_url, api_key=keys[Role.AGENT]) as agent:
+        agent.remember("Frank's order", subject="Frank", space=Space("agent-user"))
+        with pytest.raises(InvalidInputError) as unconfirmed:
+            agent.erase("Frank", request_id="AG-1")
+        assert unconfirmed.value.status == 428  # type: ignore[attr-defined]
+        plan = agent.erase("Frank", dry_run=True, issue_token=True)
+        done = agent.erase("Frank", request_id="AG-2", confirmation=plan["token"])
+        assert done["counts"]["records"] == 1
+
+
+def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[str, str]) -> None:
+    client.remember("audited", subject="Gina", space=Space("audit-user"))
+    entries = httpx.get(f"{base_url}/v1/audit", params={"calls_only": True, "limit": 1000}, headers=admin).json()
+    actions = [e["action"] for e in entries["entries"]]
+    assert "remember" in actions
+    verified = httpx.get(f"{base_url}/v1/audit/verify", headers=admin).json()
+    assert verified["verdict"] == "PASS"

@@ -11,18 +11,20 @@ from pathlib import Path
 
 import httpx
 
+from deleatur import Role
 from deleatur.servers.http import create_app
 
-from .serving import new_store, serving
+from .serving import api_key, new_store, serving
 
 CLIENTS = 24
 WRITES = 25
 DEADLINE_S = 90
 
 
-async def _load(url: str) -> tuple[list[str], list[str]]:
+async def _load(url: str, key: str) -> tuple[list[str], list[str]]:
     limits = httpx.Limits(max_connections=CLIENTS + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits, headers=headers) as http:
 
         async def writer(n: int) -> list[str]:
             ids = []
@@ -54,10 +56,12 @@ async def _load(url: str) -> tuple[list[str], list[str]]:
 
 
 def test_concurrent_clients_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    app = create_app(new_store(tmp_path / "mem.db"))
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.MEMBER)
+    app = create_app(opener)
     started = time.monotonic()
     with serving(app) as url:
-        written, listed = asyncio.run(asyncio.wait_for(_load(url), DEADLINE_S))
+        written, listed = asyncio.run(asyncio.wait_for(_load(url, key), DEADLINE_S))
     assert len(written) == CLIENTS * WRITES
     assert len(set(written)) == len(written)
     assert Counter(listed) == Counter(written)  # exactly the acknowledged writes, each once

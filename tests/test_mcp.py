@@ -14,11 +14,13 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
+from deleatur import Role
+from deleatur.servers.auth import BearerGate
 from deleatur.servers.mcp import build_server
 from deleatur.servers.pool import HandlePool
 
 from .conftest import MASTER
-from .serving import new_store, serving
+from .serving import api_key, new_store, serving
 
 Session = Callable[[ClientSession], Awaitable[None]]
 
@@ -34,6 +36,7 @@ READ_ONLY = {
     "receipt",
     "verify_receipt",
     "verify_log",
+    "verify_audit",
     "export_public_key",
 }
 DESTRUCTIVE = {"delete", "delete_all", "purge_expired", "rectify"}
@@ -85,6 +88,7 @@ async def _tour(session: ClientSession) -> None:
     key = await _data(session, "export_public_key")
     assert (await _data(session, "verify_receipt", receipt=receipt, key=key["vkey"]))["verdict"] == "PASS"
     assert (await _data(session, "verify_log"))["verdict"] == "PASS"
+    assert (await _data(session, "verify_audit"))["verdict"] == "PASS"
     exported = await _data(session, "export_memory", user_id="c1")
     assert exported["counts"]["records"] == 3
 
@@ -117,36 +121,65 @@ async def _tour(session: ClientSession) -> None:
     assert _text(purged).startswith("Purged 0 record(s) older than 3650 days")
 
 
-def test_stdio(tmp_path: Path) -> None:
-    store = tmp_path / "mem.db"
-    new_store(store)
+def _over_stdio(tmp_path: Path, env: dict[str, str], session_run: Session) -> None:
     deleatur = Path(sys.executable).with_name("deleatur")
     assert deleatur.exists(), f"the deleatur command is not installed next to {sys.executable}"
-    params = StdioServerParameters(
-        command=str(deleatur),
-        args=["serve", "mcp"],
-        env={"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex()},
-    )
+    params = StdioServerParameters(command=str(deleatur), args=["serve", "mcp"], env=env)
 
     async def run() -> None:
         with (tmp_path / "stderr").open("w") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
-                await _tour(session)
+                await session_run(session)
+
+    anyio.run(run)
+
+
+def test_stdio_as_local_operator_and_as_an_agent(tmp_path: Path) -> None:
+    store = tmp_path / "mem.db"
+    agent = api_key(new_store(store), Role.AGENT)
+    env = {"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex()}
+    _over_stdio(tmp_path, env, _tour)
+    _over_stdio(tmp_path, {**env, "DELEATUR_API_KEY": agent}, _agent)
+
+
+async def _agent(session: ClientSession) -> None:
+    """An agent principal: writes, but erases only with its own dry run's token."""
+    await session.initialize()
+    await _call(session, "remember", text="Hank's ticket", subject="Hank", user_id="c2")
+    refused = await session.call_tool("delete", {"subject": "Hank", "user_id": "c2"})
+    assert refused.is_error
+    assert _text(refused).startswith("Error (confirmation_required): ")
+    plan = await _data(session, "delete", subject="Hank", user_id="c2", dry_run=True)
+    done = await _call(session, "delete", subject="Hank", user_id="c2", confirmation=plan["token"])
+    assert _text(done).startswith("Erased 1 record(s) for 'Hank'.")
+    denied = await session.call_tool("verify_audit", {})
+    assert denied.is_error  # verification is the auditors'
+    assert denied.structured_content is not None
+    assert denied.structured_content["error"]["code"] == "access_denied"
+    assert denied.structured_content["error"]["missing"] == "verify"
+
+
+def _over_http(url: str, key: str | None, session_run: Session) -> None:
+    async def run() -> None:
+        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        async with (
+            httpx2.AsyncClient(timeout=30, headers=headers) as http,
+            streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session_run(session)
 
     anyio.run(run)
 
 
 def test_streamable_http(tmp_path: Path) -> None:
-    pool = HandlePool(new_store(tmp_path / "mem.db"))
-    with serving(build_server(pool).streamable_http_app()) as url:
-
-        async def run() -> None:
-            async with (
-                httpx2.AsyncClient(timeout=30) as http,
-                streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await _tour(session)
-
-        anyio.run(run)
+    opener = new_store(tmp_path / "mem.db")
+    admin, agent = api_key(opener, Role.ADMIN), api_key(opener, Role.AGENT)
+    pool = HandlePool(opener)
+    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+        _over_http(url, admin, _tour)
+        _over_http(url, agent, _agent)
+        for headers in ({}, {"Authorization": "Bearer dlt_wrong"}):
+            refused = httpx2.post(f"{url}/mcp", json={}, headers=headers)
+            assert (refused.status_code, refused.json()["error"]["code"]) == (401, "unauthenticated")
     pool.close()

@@ -23,7 +23,7 @@ import httpx
 
 from .errors import DeleaturError
 from .model import DEFAULT_SPACE, EVERYWHERE, Space, SpaceFilter
-from .servers.errors import error_class
+from .servers.errors import remote_error
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_BASIS = "Art. 17"
@@ -298,16 +298,11 @@ def _idempotency(request_id: str | None) -> dict[str, str]:
 
 
 def _error(response: httpx.Response) -> DeleaturError:
-    """The library error the server reported, with its HTTP status and code."""
     try:
-        detail = response.json()["error"]
-        code, message = str(detail["code"]), str(detail["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "http_error", f"HTTP {response.status_code}"
-    error = error_class(code)(message)
-    error.status = response.status_code  # type: ignore[attr-defined]
-    error.code = code  # type: ignore[attr-defined]
-    return error
+        payload = response.json()
+    except ValueError:
+        payload = None
+    return remote_error(response.status_code, payload)
 
 
 __all__ = ["Client"]

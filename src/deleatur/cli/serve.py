@@ -11,6 +11,7 @@ import uvicorn
 
 from ..crypto.master import from_environment
 from ..memory import Memory
+from ..servers.auth import BearerGate
 from ..servers.http import DEFAULT_MAX_BODY_BYTES, create_app
 from ..servers.mcp import build_server
 from ..servers.pool import HandlePool
@@ -47,7 +48,7 @@ def serve_http(
         int, typer.Option("--max-body-bytes", min=1, help="Larger request bodies get 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
-    """The HTTP API (OpenAPI at /openapi.json)."""
+    """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
     application = create_app(_opener(), max_body_bytes=max_body_bytes)
     err.print(f"deleatur HTTP API on http://{host}:{port} (OpenAPI at /openapi.json)", markup=False)
     uvicorn.run(application, host=host, port=port, log_level="warning")
@@ -61,14 +62,19 @@ def serve_mcp(
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8766,
 ) -> None:
-    """An MCP server: over stdio for a local client, or streamable HTTP at /mcp."""
+    """An MCP server: over stdio for a local client (as the local operator, or as the
+    principal of --api-key), or streamable HTTP at /mcp (bearer API keys)."""
     pool = HandlePool(_opener())
-    server = build_server(pool)
+    if Options.api_key is not None:
+        with pool.lease() as memory:
+            memory.authenticate(Options.api_key)  # a wrong key fails here, not on every call
+    server = build_server(pool, local_api_key=Options.api_key)
     try:
         if transport is Transport.stdio:
             server.run("stdio")
         else:
             err.print(f"deleatur MCP server on http://{host}:{port}/mcp", markup=False)
-            uvicorn.run(server.streamable_http_app(host=host), host=host, port=port, log_level="warning")
+            gated = BearerGate(server.streamable_http_app(host=host), pool)
+            uvicorn.run(gated, host=host, port=port, log_level="warning")
     finally:
         pool.close()

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from ..erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, RequestIdReusedError
 from ..errors import (
+    AccessDeniedError,
+    AuthenticationError,
     DataKeyDestroyedError,
     DeleaturError,
     IntegrityError,
@@ -31,13 +33,18 @@ class ErrorInfo:
     status: int
     code: str
     message: str
+    #: For a 403: the capability (or "scope") the principal lacks.
+    missing: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"error": {"code": self.code, "message": self.message}}
+        detail = {"code": self.code, "message": self.message}
+        return {"error": detail if self.missing is None else {**detail, "missing": self.missing}}
 
 
 # The most specific class of an error's MRO that is listed here decides.
 _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
+    AuthenticationError: (401, "unauthenticated"),
+    AccessDeniedError: (403, "access_denied"),
     NotFoundError: (404, "not_found"),
     AmbiguousSubjectError: (409, "ambiguous_subject"),
     ConfirmationRequiredError: (428, "confirmation_required"),
@@ -63,7 +70,8 @@ def error_info(exc: BaseException) -> ErrorInfo:
         for cls in type(exc).__mro__:
             if cls in _STATUS:
                 status, code = _STATUS[cls]
-                return ErrorInfo(status, code, exc.message)
+                missing = exc.missing if isinstance(exc, AccessDeniedError) else None
+                return ErrorInfo(status, code, exc.message, missing)
         return ErrorInfo(500, "deleatur_error", exc.message)
     return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")
 
@@ -77,6 +85,18 @@ _CLASS_OF: dict[str, type[DeleaturError]] = {code: cls for cls, (_, code) in _ST
 }
 
 
-def error_class(code: str) -> type[DeleaturError]:
-    """The library error a server's error code stands for (DeleaturError if unknown)."""
-    return _CLASS_OF.get(code, DeleaturError)
+def remote_error(status: int, payload: object) -> DeleaturError:
+    """The library error a server reported in ``{"error": {"code", "message"}}``, with
+    the HTTP ``status`` and ``code`` as attributes (a DeleaturError if the code is unknown)."""
+    detail = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(detail, dict):
+        detail = {}
+    code, message = str(detail.get("code", "http_error")), str(detail.get("message", f"HTTP {status}"))
+    cls = _CLASS_OF.get(code, DeleaturError)
+    if issubclass(cls, AccessDeniedError):
+        error: DeleaturError = cls(message, missing=str(detail.get("missing", "")))
+    else:
+        error = cls(message)
+    error.status = status  # type: ignore[attr-defined]
+    error.code = code  # type: ignore[attr-defined]
+    return error

@@ -8,14 +8,15 @@ stable code of :mod:`.errors`. OpenAPI is at ``/openapi.json``.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,9 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
-from ..errors import DeleaturError
+from ..errors import AuthenticationError, DeleaturError
 from ..memory import Memory
 from ..model import Space, SpaceFilter
+from .auth import CHALLENGE, as_caller
 from .calls import check_certificate, check_receipt, new_request_id, public_key
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
@@ -50,6 +52,19 @@ Idempotency = Annotated[
 ]
 Confirm = Annotated[str | None, Query(description="The token a dry run issued (agents must present one).")]
 Basis = Annotated[str, Query(description="Legal basis of the erasure.")]
+
+
+#: The caller's API key, set per request before its route runs in a worker thread
+#: (which runs in a copy of the request's context).
+_API_KEY: ContextVar[str] = ContextVar("deleatur_api_key")
+_BEARER = HTTPBearer(auto_error=False, description="An API key from `deleatur principals create`.")
+
+
+async def _authenticated(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+    """Every /v1 route needs a bearer key; whose it is is checked with the call."""
+    if credentials is None:
+        raise AuthenticationError("this API needs an API key: send 'Authorization: Bearer <key>'")
+    _API_KEY.set(credentials.credentials)
 
 
 class _Body(BaseModel):
@@ -171,7 +186,7 @@ async def _no_receive() -> Message:
 
 
 def _error(info: ErrorInfo) -> JSONResponse:
-    return JSONResponse(info.to_json(), status_code=info.status)
+    return JSONResponse(info.to_json(), status_code=info.status, headers=CHALLENGE if info.status == 401 else None)
 
 
 def _erasure_accepted(result: ErasureResult) -> JSONResponse:
@@ -212,6 +227,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         version=__version__,
         description="Agent memory with every GDPR data-subject right built in.",
         lifespan=lifespan,
+        dependencies=[Depends(_authenticated)],
     )
     app.state.pool = pool
     app.add_middleware(BodyLimit, limit=max_body_bytes)
@@ -236,9 +252,10 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return _error(error_info(exc))
 
     def serve(call: Callable[[Memory], T]) -> T:
-        """Run one library call on a leased handle (routes run in worker threads)."""
+        """Run one library call on a leased handle (routes run in worker threads), as
+        the principal of the request's API key."""
         with pool.lease() as memory:
-            return call(memory)
+            return call(as_caller(memory, _API_KEY.get()))
 
     def space(user_id: str, agent_id: str, run_id: str) -> Space:
         return Space(user_id, agent_id, run_id)
@@ -317,7 +334,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
                 body.key,
                 body.text,
                 reason=body.reason,
-                actor=body.actor or "http",
+                actor=body.actor or m.principal.name,
                 space=body.space(),
                 erase_previous=body.erase_previous,
                 for_legal_claim=body.for_legal_claim,
@@ -349,7 +366,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
                 subject,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester="http",
+                requester=m.principal.name,
                 scope=SpaceFilter(user_id, agent_id, run_id),
                 allow_ambiguous=allow_ambiguous,
                 confirmation=confirmation,
@@ -374,7 +391,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
                 run_id=run_id,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester="http",
+                requester=m.principal.name,
                 confirmation=confirmation,
             )
         )
@@ -391,7 +408,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
                     run_id=body.run_id,
                     request_id="plan",
                     basis=DEFAULT_BASIS,
-                    requester="http",
+                    requester=m.principal.name,
                     dry_run=True,
                     issue_token=body.issue_token,
                 )
@@ -403,7 +420,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
                     subject,
                     request_id="plan",
                     basis=DEFAULT_BASIS,
-                    requester="http",
+                    requester=m.principal.name,
                     scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),
                     dry_run=True,
                     issue_token=body.issue_token,
@@ -447,7 +464,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     @app.post("/v1/restrictions", status_code=201, tags=["rights"])
     def restrict(body: RestrictBody) -> dict[str, Any]:
         """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
-        return serve(lambda m: m.restrict(body.subject, reason=body.reason, actor="http").to_json())
+        return serve(lambda m: m.restrict(body.subject, reason=body.reason, actor=m.principal.name).to_json())
 
     @app.get("/v1/restrictions", tags=["rights"])
     def restrictions() -> dict[str, Any]:
@@ -455,7 +472,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
 
     @app.delete("/v1/restrictions/{subject:path}", tags=["rights"])
     def unrestrict(subject: str) -> dict[str, Any]:
-        serve(lambda m: m.unrestrict(subject, actor="http"))
+        serve(lambda m: m.unrestrict(subject, actor=m.principal.name))
         return {"unrestricted": True}
 
     @app.get("/v1/export", tags=["rights"])
@@ -479,13 +496,31 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         """The latest signed checkpoint (a C2SP signed note)."""
         return {"checkpoint": serve(lambda m: m.checkpoint().format())}
 
-    @app.get("/v1/log/entries", tags=["log"])
-    def log_entries(
-        start: Annotated[int, Query(ge=0, le=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    @app.get("/v1/audit", tags=["audit"])
+    def audit(
+        start: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        calls_only: bool = False,
+        actor: Annotated[str | None, Query(description="Only this principal's calls.")] = None,
     ) -> dict[str, Any]:
-        """Content-free log entries with their indexes: the audit trail of writes and erasures."""
-        rows = serve(lambda m: list(m.backend.log_entries(start, start + limit)))
-        return {"entries": [{"index": index, "entry": json.loads(raw)} for index, raw in rows]}
+        """The audit trail of the caller's tenant, oldest first: every call and every
+        write, erasure and export, content-free."""
+        entries = serve(
+            lambda m: [
+                e.to_json() for e in m.audit_entries(start=start, limit=limit, calls_only=calls_only, actor=actor)
+            ]
+        )
+        return {"entries": entries}
+
+    @app.get("/v1/audit/verify", tags=["audit"])
+    def audit_verify() -> dict[str, Any]:
+        """Verify the whole audit trail (the log's Merkle tree and every checkpoint)."""
+        return serve(lambda m: m.verify_audit().to_json())
+
+    @app.get("/v1/whoami", tags=["audit"])
+    def whoami() -> dict[str, object]:
+        """The principal of the API key: role, capabilities, scopes."""
+        return serve(lambda m: m.principal.describe())
 
     @app.get("/v1/log/verify", tags=["log"])
     def log_verify() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ..erasure.engine import ErasureResult
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
+from .auth import as_caller, bearer_token
 from .calls import check_certificate, check_receipt, new_request_id, public_key
 from .errors import error_info
 from .pool import HandlePool
@@ -88,21 +89,23 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     return _ok(text, {"request": request.to_json(system_clock()), "repeated": result.repeated})
 
 
-def _caller(ctx: Ctx) -> str:
-    """Who asks, recorded as an erasure's requester or a correction's actor."""
-    return "mcp:stdio" if ctx.headers is None else "mcp:http"
-
-
-def build_server(pool: HandlePool) -> MCPServer[Any]:
+def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPServer[Any]:
+    """The MCP server over ``pool``'s store. Over stdio it acts as the local operator,
+    or as the principal of ``local_api_key`` (an agent's own, narrower key)."""
     server: MCPServer[Any] = MCPServer(
         "deleatur", version=__version__, instructions=INSTRUCTIONS, warn_on_duplicate_tools=False
     )
 
-    def call(run: Callable[[Memory], CallToolResult]) -> CallToolResult:
-        """One library call on a leased handle; a refusal is a tool error with a stable code."""
+    def call(ctx: Ctx, run: Callable[[Memory], CallToolResult]) -> CallToolResult:
+        """One library call on a leased handle, as the caller: over HTTP the principal of
+        the bearer key, over stdio (no headers) the local operator. A refusal is a tool
+        error with a stable code."""
         try:
             with pool.lease() as memory:
-                return run(memory)
+                headers = ctx.headers
+                if headers is not None:
+                    return run(as_caller(memory, bearer_token(headers.get("authorization"))))
+                return run(memory if local_api_key is None else as_caller(memory, local_api_key))
         except Exception as exc:
             info = error_info(exc)
             return CallToolResult(
@@ -113,6 +116,7 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
 
     @server.tool(annotations=ADDITIVE)
     def remember(
+        ctx: Ctx,
         text: str,
         subject: str,
         key: str | None = None,
@@ -140,11 +144,11 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             superseded = f" (supersedes {record.supersedes})" if record.supersedes else ""
             return _ok(f"Remembered {record.id} for '{record.subject_original}'{superseded}.", record.to_json())
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
     def recall(
-        query: str, limit: int = 10, user_id: str = "default", agent_id: str = "", run_id: str = ""
+        ctx: Ctx, query: str, limit: int = 10, user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
         """Search the active memories of one space (BM25), best first."""
 
@@ -153,15 +157,18 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             text = "\n".join(f"{_line(h.record)} ({h.score:.2f})" for h in hits) or "No matching memories."
             return _ok(text, {"count": len(hits), "hits": [{**h.record.to_json(), "score": h.score} for h in hits]})
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def get_memory(record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+    def get_memory(
+        ctx: Ctx, record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
+    ) -> CallToolResult:
         """One memory by id."""
-        return call(lambda m: _records([m.get(record_id, space=Space(user_id, agent_id, run_id))], ""))
+        return call(ctx, lambda m: _records([m.get(record_id, space=Space(user_id, agent_id, run_id))], ""))
 
     @server.tool(annotations=READ_ONLY)
     def list_memories(
+        ctx: Ctx,
         subject: str | None = None,
         key: str | None = None,
         include_history: bool = False,
@@ -182,10 +189,11 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             )
             return _records(list(records), "No memories.")
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=ADDITIVE)
     def forget(
+        ctx: Ctx,
         record_id: str | None = None,
         key: str | None = None,
         user_id: str = "default",
@@ -198,12 +206,12 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             record = memory.forget(space=Space(user_id, agent_id, run_id), record_id=record_id, key=key)
             return _ok(f"Retired {record.id}; it stays in history (use delete to erase it).", record.to_json())
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def history(key: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+    def history(ctx: Ctx, key: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
         """Every version of a key, oldest first."""
-        return call(lambda m: _records(m.history(key, space=Space(user_id, agent_id, run_id)), ""))
+        return call(ctx, lambda m: _records(m.history(key, space=Space(user_id, agent_id, run_id)), ""))
 
     @server.tool(annotations=DESTRUCTIVE)
     def rectify(
@@ -223,14 +231,14 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
                 key,
                 text,
                 reason=reason,
-                actor=_caller(ctx),
+                actor=memory.principal.name,
                 space=Space(user_id, agent_id, run_id),
                 erase_previous=erase_previous,
             )
             erased = " (earlier values erased)" if erase_previous else ""
             return _ok(f"Rectified {record.key}: {record.id} supersedes {record.supersedes}{erased}.", record.to_json())
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=DESTRUCTIVE)
     def delete(
@@ -256,7 +264,7 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
                 subject,
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
-                requester=_caller(ctx),
+                requester=memory.principal.name,
                 scope=scope,
                 dry_run=dry_run,
                 issue_token=dry_run,
@@ -265,7 +273,7 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             )
             return _erasure(result, f"'{subject}'")
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=DESTRUCTIVE)
     def delete_all(
@@ -287,17 +295,17 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
                 run_id=run_id or None,
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
-                requester=_caller(ctx),
+                requester=memory.principal.name,
                 dry_run=dry_run,
                 issue_token=dry_run,
                 confirmation=confirmation,
             )
             return _erasure(result, f"'{user_id}'", account=True)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def erasure_status(request_id: str) -> CallToolResult:
+    def erasure_status(ctx: Ctx, request_id: str) -> CallToolResult:
         """An erasure request's status and phases, with timestamps."""
 
         def run(memory: Memory) -> CallToolResult:
@@ -305,26 +313,26 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             phases = ", ".join(f"{p['name']} {p['status']}" for p in found["phases"])
             return _ok(f"Request {request_id} is {found['status']}: {phases}.", found)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def erasure_certificate(request_id: str) -> CallToolResult:
+    def erasure_certificate(ctx: Ctx, request_id: str) -> CallToolResult:
         """The signed erasure certificate of a request, verifiable offline with the public key."""
 
         def run(memory: Memory) -> CallToolResult:
             document = memory.certificate(request_id)
             return _ok(json.dumps(document, indent=2, sort_keys=True), document)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def verify_certificate(certificate: dict[str, Any], expected_pubkey: str | None = None) -> CallToolResult:
+    def verify_certificate(ctx: Ctx, certificate: dict[str, Any], expected_pubkey: str | None = None) -> CallToolResult:
         """Verify an erasure certificate offline; pin expected_pubkey (from export_public_key) for trust."""
 
-        return call(lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
+        return call(ctx, lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
 
     @server.tool(annotations=READ_ONLY)
-    def export_memory(user_id: str | None = "default", subject: str | None = None) -> CallToolResult:
+    def export_memory(ctx: Ctx, user_id: str | None = "default", subject: str | None = None) -> CallToolResult:
         """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON."""
 
         def run(memory: Memory) -> CallToolResult:
@@ -334,10 +342,10 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             what = f"'{subject}'" if subject else f"'{user_id}'"
             return _ok(f"Exported {counts['records']} record(s) for {what}.\n{buffer.getvalue()}", document)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=DESTRUCTIVE)
-    def purge_expired(older_than_days: float | None = None, dry_run: bool = False) -> CallToolResult:
+    def purge_expired(ctx: Ctx, older_than_days: float | None = None, dry_run: bool = False) -> CallToolResult:
         """Art. 5(1)(e): hard-delete expired records, and with older_than_days those written earlier."""
 
         def run(memory: Memory) -> CallToolResult:
@@ -349,48 +357,55 @@ def build_server(pool: HandlePool) -> MCPServer[Any]:
             data = {"request": result.request.to_json(system_clock())}
             return _ok(f"Purged {records} record(s){age} [request {result.request.id}].", data)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=ADDITIVE)
     def restrict(ctx: Ctx, subject: str, reason: str) -> CallToolResult:
         """Art. 18: keep a subject's records but stop recalling them and refuse new writes."""
 
         def run(memory: Memory) -> CallToolResult:
-            restriction = memory.restrict(subject, reason=reason, actor=_caller(ctx))
+            restriction = memory.restrict(subject, reason=reason, actor=memory.principal.name)
             return _ok(f"Restricted processing of '{subject}'.", restriction.to_json())
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def receipt(record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
+    def receipt(
+        ctx: Ctx, record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
+    ) -> CallToolResult:
         """A signed write receipt for a record, to check later with verify_receipt."""
 
         def run(memory: Memory) -> CallToolResult:
             made = memory.receipt(record_id, space=Space(user_id, agent_id, run_id)).to_json()
             return _ok(json.dumps(made, indent=2), made)
 
-        return call(run)
+        return call(ctx, run)
 
     @server.tool(annotations=READ_ONLY)
-    def verify_receipt(receipt: dict[str, Any], key: str | None = None) -> CallToolResult:
+    def verify_receipt(ctx: Ctx, receipt: dict[str, Any], key: str | None = None) -> CallToolResult:
         """Check a write receipt; pin key (from export_public_key) or it is checked against the store's keys."""
 
-        return call(lambda m: _report(check_receipt(m, receipt, key)))
+        return call(ctx, lambda m: _report(check_receipt(m, receipt, key)))
 
     @server.tool(annotations=READ_ONLY)
-    def verify_log() -> CallToolResult:
+    def verify_log(ctx: Ctx) -> CallToolResult:
         """Re-derive the whole transparency log and check every signed checkpoint."""
-        return call(lambda m: _report(m.verify_log()))
+        return call(ctx, lambda m: _report(m.verify_log()))
 
     @server.tool(annotations=READ_ONLY)
-    def export_public_key() -> CallToolResult:
+    def verify_audit(ctx: Ctx) -> CallToolResult:
+        """Verify the whole audit trail: every call, write, erasure and export, in the signed log."""
+        return call(ctx, lambda m: _report(m.verify_audit()))
+
+    @server.tool(annotations=READ_ONLY)
+    def export_public_key(ctx: Ctx) -> CallToolResult:
         """The log's verifier key, to verify receipts and certificates independently."""
 
         def run(memory: Memory) -> CallToolResult:
             key = public_key(memory)
             return _ok(key["vkey"], key)
 
-        return call(run)
+        return call(ctx, run)
 
     return server
 
