@@ -12,7 +12,7 @@ import uvicorn
 from ..crypto.master import from_environment
 from ..memory import Memory
 from ..servers.auth import BearerGate
-from ..servers.http import DEFAULT_MAX_BODY_BYTES, create_app
+from ..servers.http import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES, create_app
 from ..servers.mcp import build_server
 from ..servers.pool import HandlePool
 from .common import Options, app, err
@@ -47,9 +47,12 @@ def serve_http(
     max_body_bytes: Annotated[
         int, typer.Option("--max-body-bytes", min=1, help="Larger request bodies get 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
+    handles: Annotated[
+        int, typer.Option("--handles", min=1, help="Store handles, and library calls running at once.")
+    ] = DEFAULT_HANDLES,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
-    application = create_app(_opener(), max_body_bytes=max_body_bytes)
+    application = create_app(_opener(), max_body_bytes=max_body_bytes, handles=handles)
     err.print(f"deleatur HTTP API on http://{host}:{port} (OpenAPI at /openapi.json)", markup=False)
     uvicorn.run(application, host=host, port=port, log_level="warning")
 

@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -36,6 +38,9 @@ from .pool import HandlePool
 #: leaves room for metadata and certificates to verify, and no more.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_BASIS = "Art. 17"
+#: Every call, a read included, appends its audit entry: more handles than one only
+#: queue on SQLite's write lock, and its busy handler's sleeps (measured in BENCHMARKS.md).
+DEFAULT_HANDLES = 1
 
 T = TypeVar("T")
 
@@ -212,10 +217,15 @@ def _plan(result: ErasureResult) -> dict[str, Any]:
     return {"dry_run": True, "plan": result.plan.to_json(), "token": result.token}
 
 
-def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The API over the store ``open_memory`` opens (called once per concurrent request,
-    at most; see :class:`.pool.HandlePool`)."""
-    pool = HandlePool(open_memory)
+def create_app(
+    open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, handles: int = DEFAULT_HANDLES
+) -> FastAPI:
+    """The API over the store ``open_memory`` opens, at most ``handles`` times: each
+    request's library call runs in a worker thread on a leased handle, and no more
+    calls run at once than there are handles (the others wait in the event loop, not
+    in threads)."""
+    pool = HandlePool(open_memory, limit=handles)
+    workers = anyio.CapacityLimiter(handles)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -251,11 +261,16 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return _error(error_info(exc))
 
-    def serve(call: Callable[[Memory], T]) -> T:
-        """Run one library call on a leased handle (routes run in worker threads), as
-        the principal of the request's API key."""
-        with pool.lease() as memory:
-            return call(as_caller(memory, _API_KEY.get()))
+    async def serve(call: Callable[[Memory], T]) -> T:
+        """Run one library call in a worker thread on a leased handle, as the principal
+        of the request's API key."""
+        api_key = _API_KEY.get()
+
+        def run() -> T:
+            with pool.lease() as memory:
+                return call(as_caller(memory, api_key))
+
+        return await anyio.to_thread.run_sync(run, limiter=workers)
 
     def space(user_id: str, agent_id: str, run_id: str) -> Space:
         return Space(user_id, agent_id, run_id)
@@ -263,9 +278,9 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     # -- memories --------------------------------------------------------------------
 
     @app.post("/v1/memories", status_code=201, tags=["memories"])
-    def remember(body: RememberBody) -> dict[str, Any]:
+    async def remember(body: RememberBody) -> dict[str, Any]:
         """Write one memory; a new value for an existing key supersedes the old one."""
-        return serve(
+        return await serve(
             lambda m: m.remember(
                 body.text,
                 subject=body.subject,
@@ -281,7 +296,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         )
 
     @app.get("/v1/memories/search", tags=["memories"])
-    def recall(
+    async def recall(
         q: Annotated[str, Query(description="Words to search for (BM25).")],
         limit: Annotated[int, Query(ge=1, le=1000)] = 10,
         user_id: User = "default",
@@ -289,15 +304,15 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
-        hits = serve(lambda m: m.recall(q, space=space(user_id, agent_id, run_id), limit=limit))
+        hits = await serve(lambda m: m.recall(q, space=space(user_id, agent_id, run_id), limit=limit))
         return {"hits": [{**h.record.to_json(), "score": h.score} for h in hits]}
 
     @app.get("/v1/memories/{record_id}", tags=["memories"])
-    def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        return serve(lambda m: m.get(record_id, space=space(user_id, agent_id, run_id)).to_json())
+    async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+        return await serve(lambda m: m.get(record_id, space=space(user_id, agent_id, run_id)).to_json())
 
     @app.get("/v1/memories", tags=["memories"])
-    def list_(
+    async def list_(
         subject: str | None = None,
         key: str | None = None,
         history: Annotated[bool, Query(description="Include retired and superseded records.")] = False,
@@ -308,7 +323,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     ) -> dict[str, Any]:
         """Records of one space, oldest first (active ones unless ``history``)."""
         where = space(user_id, agent_id, run_id)
-        records = serve(
+        records = await serve(
             lambda m: [
                 r.to_json() for r in m.list(space=where, subject=subject, key=key, include_history=history, limit=limit)
             ]
@@ -316,20 +331,20 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return {"records": records}
 
     @app.get("/v1/history", tags=["memories"])
-    def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+    async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
         """Every version of a key, oldest first."""
-        records = serve(lambda m: m.history(key, space=space(user_id, agent_id, run_id)))
+        records = await serve(lambda m: m.history(key, space=space(user_id, agent_id, run_id)))
         return {"records": [r.to_json() for r in records]}
 
     @app.post("/v1/forget", tags=["memories"])
-    def forget(body: ForgetBody) -> dict[str, Any]:
+    async def forget(body: ForgetBody) -> dict[str, Any]:
         """Retire a memory (by id or key): no longer recalled, kept in history."""
-        return serve(lambda m: m.forget(space=body.space(), record_id=body.id, key=body.key).to_json())
+        return await serve(lambda m: m.forget(space=body.space(), record_id=body.id, key=body.key).to_json())
 
     @app.post("/v1/rectify", tags=["memories"])
-    def rectify(body: RectifyBody) -> dict[str, Any]:
+    async def rectify(body: RectifyBody) -> dict[str, Any]:
         """Art. 16: supersede the value of a key with a corrected one."""
-        return serve(
+        return await serve(
             lambda m: m.rectify(
                 body.key,
                 body.text,
@@ -342,14 +357,16 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         )
 
     @app.get("/v1/memories/{record_id}/receipt", tags=["log"])
-    def receipt(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
+    async def receipt(
+        record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
+    ) -> dict[str, Any]:
         """A signed write receipt, verifiable later with the public key alone."""
-        return serve(lambda m: m.receipt(record_id, space=space(user_id, agent_id, run_id)).to_json())
+        return await serve(lambda m: m.receipt(record_id, space=space(user_id, agent_id, run_id)).to_json())
 
     # -- erasure (Art. 17) -------------------------------------------------------------
 
     @app.delete("/v1/subjects/{subject:path}", status_code=202, tags=["erasure"])
-    def erase(
+    async def erase(
         subject: str,
         idempotency_key: Idempotency = None,
         basis: Basis = DEFAULT_BASIS,
@@ -361,7 +378,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     ) -> JSONResponse:
         """Art. 17: erase every record of a subject (all spaces unless narrowed), with
         signed tombstones, and destroy its key. Answers 202 with the request to follow."""
-        result = serve(
+        result = await serve(
             lambda m: m.erase(
                 subject,
                 request_id=new_request_id(idempotency_key, "HTTP"),
@@ -375,7 +392,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return _erasure_accepted(result)
 
     @app.delete("/v1/users/{user_id}", status_code=202, tags=["erasure"])
-    def erase_all(
+    async def erase_all(
         user_id: str,
         idempotency_key: Idempotency = None,
         basis: Basis = DEFAULT_BASIS,
@@ -384,7 +401,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         confirmation: Confirm = None,
     ) -> JSONResponse:
         """Account deletion: every space of one user (or one, with agent/run), no other user's."""
-        result = serve(
+        result = await serve(
             lambda m: m.erase_all(
                 user_id=user_id,
                 agent_id=agent_id,
@@ -398,10 +415,10 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return _erasure_accepted(result)
 
     @app.post("/v1/erasure-plans", tags=["erasure"])
-    def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
+    async def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
         """A dry run: what an erasure would remove (and, with ``issue_token``, its token)."""
         if body.subject is None:
-            result = serve(
+            result = await serve(
                 lambda m: m.erase_all(
                     user_id=body.user_id or "",
                     agent_id=body.agent_id,
@@ -415,7 +432,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
             )
         else:
             subject = body.subject
-            result = serve(
+            result = await serve(
                 lambda m: m.erase(
                     subject,
                     request_id="plan",
@@ -429,32 +446,32 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return _plan(result)
 
     @app.get("/v1/erasures", tags=["erasure"])
-    def erasures() -> dict[str, Any]:
+    async def erasures() -> dict[str, Any]:
         """Every erasure request, with its Art. 12(3) deadline and whether it was met."""
         now = system_clock()
-        return {"requests": [r.to_json(now) for r in serve(lambda m: m.erasure_requests())]}
+        return {"requests": [r.to_json(now) for r in await serve(lambda m: m.erasure_requests())]}
 
     @app.get("/v1/erasures/{request_id}", tags=["erasure"])
-    def erasure_status(request_id: str) -> dict[str, Any]:
+    async def erasure_status(request_id: str) -> dict[str, Any]:
         """A request's status and phases, with timestamps."""
-        found = serve(lambda m: m.erasure_request(request_id))
+        found = await serve(lambda m: m.erasure_request(request_id))
         return {"request_id": found.id, **found.to_json(system_clock())}
 
     @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"])
-    def erasure_certificate(request_id: str) -> dict[str, Any]:
+    async def erasure_certificate(request_id: str) -> dict[str, Any]:
         """The signed erasure certificate, verifiable offline with the public key alone."""
-        return serve(lambda m: m.certificate(request_id))
+        return await serve(lambda m: m.certificate(request_id))
 
     @app.post("/v1/certificates/verify", tags=["erasure"])
-    def verify_certificate_route(body: VerifyCertificateBody) -> dict[str, Any]:
+    async def verify_certificate_route(body: VerifyCertificateBody) -> dict[str, Any]:
         """Verify a certificate offline (pin the key you got out of band with expected_pubkey)."""
 
-        return serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
+        return await serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
 
     @app.post("/v1/purge", tags=["erasure"])
-    def purge(body: PurgeBody) -> Response:
+    async def purge(body: PurgeBody) -> Response:
         """Art. 5(1)(e): hard-delete expired records (and those older than older_than_days)."""
-        result = serve(
+        result = await serve(
             lambda m: m.purge(older_than_days=body.older_than_days, request_id=body.request_id, dry_run=body.dry_run)
         )
         return JSONResponse(_plan(result)) if result.request is None else _erasure_accepted(result)
@@ -462,42 +479,42 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     # -- restriction, export -------------------------------------------------------------
 
     @app.post("/v1/restrictions", status_code=201, tags=["rights"])
-    def restrict(body: RestrictBody) -> dict[str, Any]:
+    async def restrict(body: RestrictBody) -> dict[str, Any]:
         """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
-        return serve(lambda m: m.restrict(body.subject, reason=body.reason, actor=m.principal.name).to_json())
+        return await serve(lambda m: m.restrict(body.subject, reason=body.reason, actor=m.principal.name).to_json())
 
     @app.get("/v1/restrictions", tags=["rights"])
-    def restrictions() -> dict[str, Any]:
-        return {"restrictions": [r.to_json() for r in serve(lambda m: m.restrictions())]}
+    async def restrictions() -> dict[str, Any]:
+        return {"restrictions": [r.to_json() for r in await serve(lambda m: m.restrictions())]}
 
     @app.delete("/v1/restrictions/{subject:path}", tags=["rights"])
-    def unrestrict(subject: str) -> dict[str, Any]:
-        serve(lambda m: m.unrestrict(subject, actor=m.principal.name))
+    async def unrestrict(subject: str) -> dict[str, Any]:
+        await serve(lambda m: m.unrestrict(subject, actor=m.principal.name))
         return {"unrestricted": True}
 
     @app.get("/v1/export", tags=["rights"])
-    def export(subject: str | None = None, user_id: str | None = None) -> Response:
+    async def export(subject: str | None = None, user_id: str | None = None) -> Response:
         """Art. 15/20: everything held about a subject or a user (deleatur-export/v1)."""
         # Held in memory, never spooled to disk: an export is the subject's plaintext,
         # and a temporary file would outlive a later erasure in the disk's free blocks.
         buffer = io.StringIO()
-        serve(lambda m: m.export_json(buffer, subject=subject, user_id=user_id))
+        await serve(lambda m: m.export_json(buffer, subject=subject, user_id=user_id))
         return Response(buffer.getvalue(), media_type="application/json")
 
     # -- the log ---------------------------------------------------------------------------
 
     @app.get("/v1/public-key", tags=["log"])
-    def public_key_route() -> dict[str, str]:
+    async def public_key_route() -> dict[str, str]:
         """The log's current verifier key, to give to verifiers out of band."""
-        return serve(public_key)
+        return await serve(public_key)
 
     @app.get("/v1/checkpoint", tags=["log"])
-    def checkpoint() -> dict[str, Any]:
+    async def checkpoint() -> dict[str, Any]:
         """The latest signed checkpoint (a C2SP signed note)."""
-        return {"checkpoint": serve(lambda m: m.checkpoint().format())}
+        return {"checkpoint": await serve(lambda m: m.checkpoint().format())}
 
     @app.get("/v1/audit", tags=["audit"])
-    def audit(
+    async def audit(
         start: Annotated[int, Query(ge=0, le=2**62)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         calls_only: bool = False,
@@ -505,7 +522,7 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
     ) -> dict[str, Any]:
         """The audit trail of the caller's tenant, oldest first: every call and every
         write, erasure and export, content-free."""
-        entries = serve(
+        entries = await serve(
             lambda m: [
                 e.to_json() for e in m.audit_entries(start=start, limit=limit, calls_only=calls_only, actor=actor)
             ]
@@ -513,25 +530,25 @@ def create_app(open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAU
         return {"entries": entries}
 
     @app.get("/v1/audit/verify", tags=["audit"])
-    def audit_verify() -> dict[str, Any]:
+    async def audit_verify() -> dict[str, Any]:
         """Verify the whole audit trail (the log's Merkle tree and every checkpoint)."""
-        return serve(lambda m: m.verify_audit().to_json())
+        return await serve(lambda m: m.verify_audit().to_json())
 
     @app.get("/v1/whoami", tags=["audit"])
-    def whoami() -> dict[str, object]:
+    async def whoami() -> dict[str, object]:
         """The principal of the API key: role, capabilities, scopes."""
-        return serve(lambda m: m.principal.describe())
+        return await serve(lambda m: m.principal.describe())
 
     @app.get("/v1/log/verify", tags=["log"])
-    def log_verify() -> dict[str, Any]:
+    async def log_verify() -> dict[str, Any]:
         """Re-derive the whole log and check every checkpoint."""
-        return serve(lambda m: m.verify_log().to_json())
+        return await serve(lambda m: m.verify_log().to_json())
 
     @app.post("/v1/receipts/verify", tags=["log"])
-    def verify_receipt_route(body: VerifyReceiptBody) -> dict[str, Any]:
+    async def verify_receipt_route(body: VerifyReceiptBody) -> dict[str, Any]:
         """Check a write receipt, against the key given or (unpinned) the store's own keys."""
 
-        return serve(lambda m: check_receipt(m, body.receipt, body.key).to_json())
+        return await serve(lambda m: check_receipt(m, body.receipt, body.key).to_json())
 
     return app
 

@@ -1,0 +1,213 @@
+"""HTTP benchmark (issue 6): `remember` and `recall` request rates and latency
+percentiles under 32 concurrent clients against `deleatur serve http` on loopback.
+
+The server runs in its own process (the real command), so the load generator
+does not share its interpreter; on a 2-core machine the two still share the CPU.
+
+The clients are 32 keep-alive HTTP/1.1 connections driven by asyncio streams, not
+httpx: on this machine httpx's AsyncClient with 32 connections tops out near
+400 requests/s even against a hello-world ASGI app that serves 7,000/s to these
+connections, so it would measure itself (``--httpx`` runs it anyway, to compare).
+Not a test. Run from the repository root::
+
+    .venv/bin/python bench/bench_http.py                    # 3 rounds of 10 s per operation
+    .venv/bin/python bench/bench_http.py --handles 4        # four store handles (default: one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+
+from bench_log import print_results
+from bench_store import machine, percentile
+from deleatur import Memory, NewMemory, Role, from_bytes
+from deleatur.servers.http import DEFAULT_HANDLES
+
+MASTER = bytes(32)
+TARGETS = {
+    "remember_per_s": (">=", 1500.0),
+    "recall_per_s": (">=", 3000.0),
+    "remember_p99_ms": ("<=", 50.0),
+    "recall_p99_ms": ("<=", 50.0),
+}
+WORDS = [f"w{i}" for i in range(2000)]
+
+
+def prepare(path: Path, records: int) -> str:
+    """A store with ``records`` records to recall from, and a member's API key."""
+    memory = Memory.init(path, from_bytes(MASTER))[0]
+    with memory:
+        for start in range(0, records, 10_000):
+            memory.remember_many(
+                NewMemory(
+                    f"note {i} {WORDS[i % len(WORDS)]} {WORDS[(i * 7) % len(WORDS)]}", subject=f"person {i % 500}"
+                )
+                for i in range(start, min(start + 10_000, records))
+            )
+        return memory.create_principal("bench", Role.MEMBER)[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(path: Path, port: int, handles: int) -> subprocess.Popen[bytes]:
+    command = [str(Path(sys.executable).with_name("deleatur")), "serve", "http", "--port", str(port)]
+    command += ["--handles", str(handles)]
+    env = {**os.environ, "DELEATUR_STORE": str(path), "DELEATUR_MASTER_KEY": MASTER.hex()}
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with status {server.returncode}")
+        try:
+            httpx.get(f"{url}/openapi.json", timeout=1).raise_for_status()
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise SystemExit("the server did not start within 30 s")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: a request, then its response read by Content-Length."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: str) -> None:
+        self.reader, self.writer = reader, writer
+        self.auth = f"Authorization: Bearer {key}\r\nHost: bench\r\n"
+
+    async def request(self, method: str, target: str, body: bytes = b"") -> tuple[int, bytes]:
+        head = f"{method} {target} HTTP/1.1\r\n{self.auth}"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+        length = next(int(v) for k, _, v in (x.partition(b":") for x in lines) if k.lower() == b"content-length")
+        return int(lines[0].split()[1]), await self.reader.readexactly(length)
+
+
+Request = Callable[[Any, int], Awaitable[None]]
+
+
+async def hammer(
+    url: str, key: str, clients: int, seconds: float, request: Request, *, use_httpx: bool
+) -> dict[str, float]:
+    """``clients`` concurrent loops of ``request`` for ``seconds``: rate and latencies."""
+    latencies: list[float] = []
+    host, port = url.removeprefix("http://").split(":")
+    http = None
+    if use_httpx:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits, timeout=30)
+        connections: list[Any] = [http] * clients
+    else:
+        opened = [await asyncio.open_connection(host, int(port)) for _ in range(clients)]
+        connections = [Connection(r, w, key) for r, w in opened]
+    stop = time.perf_counter() + seconds
+
+    async def loop(n: int) -> None:
+        i = 0
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            await request(connections[n], n * 1_000_000 + i)
+            latencies.append(time.perf_counter() - t)
+            i += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(loop(n) for n in range(clients)))
+    elapsed = time.perf_counter() - began
+    if http is not None:
+        await http.aclose()
+    else:
+        for connection in connections:
+            connection.writer.close()
+    ms = [x * 1000 for x in latencies]
+    return {"per_s": len(latencies) / elapsed, "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 99)}
+
+
+async def _call(connection: Any, method: str, target: str, body: dict[str, Any] | None, expect: int) -> None:
+    if isinstance(connection, httpx.AsyncClient):
+        response = await connection.request(method, target, json=body)
+        status, content = response.status_code, response.content
+    else:
+        status, content = await connection.request(method, target, b"" if body is None else json.dumps(body).encode())
+    if status != expect:
+        raise SystemExit(f"{method} {target} failed: {status} {content[:200]!r}")
+
+
+async def remember(connection: Any, i: int) -> None:
+    body = {"text": f"bench note {i} {WORDS[i % len(WORDS)]}", "subject": f"person {i % 500}"}
+    await _call(connection, "POST", "/v1/memories", body, 201)
+
+
+async def recall(connection: Any, i: int) -> None:
+    query = urlencode({"q": WORDS[(i * 31) % len(WORDS)], "limit": 10})
+    await _call(connection, "GET", f"/v1/memories/search?{query}", None, 200)
+
+
+def run_round(args: argparse.Namespace) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.db"
+        key = prepare(path, args.records)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = start_server(path, port, args.handles)
+        try:
+            wait_ready(url, server)
+            out: dict[str, float] = {}
+            for name, request in (("remember", remember), ("recall", recall)):
+                # A warm-up second first: connections, handles, caches.
+                asyncio.run(hammer(url, key, args.clients, 1.0, request, use_httpx=args.httpx))
+                figures = asyncio.run(hammer(url, key, args.clients, args.seconds, request, use_httpx=args.httpx))
+                out.update({f"{name}_{k}": v for k, v in figures.items()})
+            return out
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per operation and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=10_000, help="records in the store before the rounds")
+    parser.add_argument("--handles", type=int, default=DEFAULT_HANDLES, help="the server's --handles")
+    parser.add_argument("--httpx", action="store_true", help="drive the load with httpx.AsyncClient instead")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    rounds = [run_round(args) for _ in range(args.rounds)]
+    results: dict[str, Any] = {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
+    results["rounds"] = args.rounds
+    results["clients"] = args.clients
+    results["handles"] = args.handles
+    results["load_generator"] = "httpx.AsyncClient" if args.httpx else "asyncio streams"
+    results["loadavg_before"] = " ".join(f"{x:.2f}" for x in load_before)
+    results["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results["machine"] = machine()
+    print_results(results, TARGETS, as_json=args.json)
+
+
+if __name__ == "__main__":
+    main()
