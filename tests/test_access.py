@@ -107,6 +107,8 @@ OPS = [
     Spec("show the audit trail", (V,), None, lambda m, w: list(m.audit_entries())),
     Spec("create a principal", (A,), None, lambda m, w: m.create_principal("new", Role.VIEWER)),
     Spec("list principals", (A,), None, lambda m, w: m.principals()),
+    Spec("record a decision", (W,), "u1", lambda m, w: m.record_decision("d", [w.ids["u1"]], space=U1)),
+    Spec("explain a decision", (R,), "u1", lambda m, w: m.explain_decision(w.ids["decision"], space=U1)),
 ]
 EXTRA_NEEDS = {"rectify, erasing the old value": D}
 
@@ -131,6 +133,7 @@ def _world(memory: Memory) -> World:
     memory.restrict("Bob", reason="dispute", actor="t")
     memory.remember("to be erased", subject="Zed")
     memory.erase("Zed", request_id="E-0", basis=BASIS, requester="t")
+    ids["decision"] = memory.record_decision("seed", [ids["u1"]], space=U1).id
     return World(memory, ids)
 
 
@@ -184,7 +187,7 @@ def test_the_table_covers_every_guarded_method() -> None:
         "remember", "get", "recall", "list", "history", "receipt", "forget", "rectify", "erase", "erase_all",
         "export_json", "restrict", "unrestrict", "restrictions", "purge", "set_retention", "retention_policy",
         "erasure_requests", "erasure_request", "certificate", "checkpoint", "verify_log", "verify_audit",
-        "audit_entries", "create_principal", "principals",
+        "audit_entries", "create_principal", "principals", "record_decision", "explain_decision",
     }  # fmt: skip
     # Covered elsewhere: the same guard as a listed twin, or key management (admin only).
     twins = {

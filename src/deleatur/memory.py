@@ -39,6 +39,9 @@ from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
+from .decisions.snapshots import Decision
+from .decisions.snapshots import explain as explain_decision
+from .decisions.snapshots import record as record_decision
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
 from .erasure.requests import ErasureRequest, is_request_id
@@ -1067,6 +1070,23 @@ class Memory:
             count = self._purge(rows)
         self.backend.scrub()
         return count
+
+    # -- decision snapshots ---------------------------------------------------------
+
+    @guarded("decision.record", W, in_space)
+    def record_decision(
+        self, summary: str, used: Iterable[str], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
+    ) -> Decision:
+        """Sign and keep a snapshot of exactly the beliefs (records) a decision used.
+        See :mod:`deleatur.decisions.snapshots`."""
+        with self._logged() as events:
+            return record_decision(self, summary, builtins.list(used), space, events, for_legal_claim=for_legal_claim)
+
+    @guarded("decision.explain", R, in_space)
+    def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
+        """The snapshot, after checking its hash and signature (IntegrityError names
+        the failed check); erased beliefs appear redacted."""
+        return explain_decision(self, decision_id, space, self.log.verifiers())
 
     # -- erasure (Art. 17) ---------------------------------------------------------
 
