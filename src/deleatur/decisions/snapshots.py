@@ -184,6 +184,19 @@ def explain(memory: Memory, decision_id: str, space: Space, verifiers: Iterable[
     row = memory.backend.decision(memory.tenant, decision_id) if isinstance(decision_id, str) else None
     if row is None or Space(row["user_id"], row["agent_id"], row["run_id"]) != space:
         raise NotFoundError(f"no decision {decision_id!r} in this space")
+    return _verified(memory, decision_id, row, verifiers)
+
+
+def explain_any(memory: Memory, decision_id: str, verifiers: Iterable[Verifier]) -> Decision:
+    """:func:`explain` in whatever space the decision was made (for exports, which
+    show only the beliefs about what they export)."""
+    row = memory.backend.decision(memory.tenant, decision_id)
+    if row is None:
+        raise NotFoundError(f"no decision {decision_id!r}")
+    return _verified(memory, decision_id, row, verifiers)
+
+
+def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: Iterable[Verifier]) -> Decision:
     body, _ = _open(memory, row)
     message = canonical(body)
     # Numbered like every verification: which check failed is what the caller needs.

@@ -185,6 +185,11 @@ class Backend(Protocol):
 
     def log_indexes_of(self, record_id: str) -> list[int]: ...
 
+    def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
+        """(index, entry) of every log entry whose bytes contain ``token`` (a pseudonym or
+        an opaque user token: entries hold nothing else that could name anyone)."""
+        ...
+
     def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:
         """(record id, index, entry) of every log entry naming one of ``record_ids``."""
         ...

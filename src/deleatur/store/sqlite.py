@@ -537,6 +537,13 @@ class SQLiteBackend:
         for idx, entry in rows:
             yield int(idx), bytes(entry)
 
+    def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
+        # instr() scans in C; the entries are small and a scan of a million takes well under a second.
+        for idx, entry in self._conn.execute(
+            "SELECT idx, entry FROM log_entries WHERE instr(entry, ?) > 0 ORDER BY idx", (f'"{token}"'.encode(),)
+        ):
+            yield int(idx), bytes(entry)
+
     def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:
         for start in range(0, len(record_ids), 500):
             chunk = record_ids[start : start + 500]
