@@ -189,10 +189,11 @@ def test_the_table_covers_every_guarded_method() -> None:
         "erasure_requests", "erasure_request", "certificate", "checkpoint", "verify_log", "verify_audit",
         "audit_entries", "create_principal", "principals", "record_decision", "explain_decision",
     }  # fmt: skip
-    # Covered elsewhere: the same guard as a listed twin, or key management (admin only).
+    # Covered elsewhere: the same guard as a listed twin, key management (admin only), or
+    # audit pruning (the operator only: test_audit.py).
     twins = {
         "remember_many", "export_csv", "revoke_principal", "residue", "prove", "consistency_request",
-        "add_cosignatures", "new_signing_key", "rotate_signing_key",
+        "add_cosignatures", "new_signing_key", "rotate_signing_key", "prune_audit",
     }  # fmt: skip
     assert guarded == exercised | twins
 

@@ -83,7 +83,7 @@ from .model import (
 )
 from .rights.export import export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
-from .rights.retention import policy, purge, retention_for, set_policy
+from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
@@ -1199,6 +1199,15 @@ class Memory:
         """Hard-delete expired records (and those older than ``older_than_days``), with
         tombstones and crypto-shredding, as an erasure request of kind ``retention``."""
         return purge(self, older_than_days=older_than_days, request_id=request_id, dry_run=dry_run)
+
+    @guarded("purge.audit", A)
+    def prune_audit(self, *, older_than_days: float) -> int:
+        """Prune audit (``call``) entries older than ``older_than_days``, leaving their leaf
+        hashes and a retention anchor, so the log still verifies. The deployment
+        operator's alone: a tenant's admin is refused, and the refusal audited."""
+        if not self.principal.operator:
+            raise self._deny("pruning audit entries is the deployment operator's alone", "operator")
+        return prune_audit(self, older_than_days=older_than_days)
 
     # -- restriction (Art. 18) ------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
+from ..log.retention import pruned_leaf
 from .principals import Capability
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ def entries(
     may_unseal = principal.scopes is None and Capability.READ in principal.capabilities
     shown = 0
     for index, raw in memory.backend.log_entries(start):
+        if pruned_leaf(raw) is not None:
+            continue  # pruned by audit retention: nothing left to show
         entry = Entry.decode(raw)
         tenant = entry.fields.get("tenant")
         if tenant is not None and tenant != memory.tenant:

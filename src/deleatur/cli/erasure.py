@@ -63,7 +63,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
 
 
-def report_erasure(result: ErasureResult, as_json: bool) -> None:
+def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int] | None = None) -> None:
     if result.request is None:
         assert result.plan is not None
         if as_json:
@@ -73,8 +73,10 @@ def report_erasure(result: ErasureResult, as_json: bool) -> None:
         return
     request = result.request
     if as_json:
-        emit({"request": request.to_json(system_clock()), "repeated": result.repeated})
+        emit({"request": request.to_json(system_clock()), "repeated": result.repeated, **(extra or {})})
         return
+    for name, value in (extra or {}).items():
+        out.print(f"{name.replace('_', ' ')}: {value}", markup=False)
     counts = request.counts
     prefix = "already done: " if result.repeated else ""
     out.print(

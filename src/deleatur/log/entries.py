@@ -48,6 +48,8 @@ class EventType(enum.StrEnum):
     DECISION = "decision"
     #: An erasure redacted a snapshot: the old and new body hashes, and the request.
     REDACT = "redact"
+    #: Old call entries were pruned by audit retention (see deleatur.log.retention).
+    RETENTION = "retention"
 
 
 _TYPES = frozenset(t.value for t in EventType)

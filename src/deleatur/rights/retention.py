@@ -6,14 +6,22 @@ no run) or ``user`` (neither). Expired records are never recalled; ``purge``
 hard-deletes them (and, with ``older_than``, anything created before a cutoff)
 as an erasure of kind ``retention``: the same forensic guarantees, content-free
 tombstones, a request and a certificate.
+
+Audit entries have a retention of their own, the deployment operator's to apply:
+:func:`prune_audit` prunes old ``call`` entries and writes a retention anchor
+(see :mod:`deleatur.log.retention`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from ..erasure.engine import erase
 from ..errors import InvalidInputError
+from ..log.entries import Entry, EventType
+from ..log.merkle import leaf_hash
+from ..log.retention import digest, pruned, pruned_leaf
 from ..model import EVERYWHERE, Space
 
 if TYPE_CHECKING:
@@ -69,3 +77,32 @@ def purge(memory: Memory, *, older_than_days: float | None, request_id: str | No
         dry_run=dry_run,
         retention=(now, created_before),
     )
+
+
+def prune_audit(memory: Memory, *, older_than_days: float) -> int:
+    """Prune the ``call`` entries older than the cutoff, up to the first entry that is
+    not, and anchor what was pruned. Returns how many were pruned."""
+    if not older_than_days >= 0:
+        raise InvalidInputError("--older-than must be a number of days, zero or more")
+    cutoff = memory._clock() - int(older_than_days * _DAY_US)
+    with memory._logged(sign=True) as events:
+        start = int(memory.backend.get_setting("audit.pruned_upto") or 0)
+        upto, doomed = start, []
+        for index, raw in memory.backend.log_entries(start):
+            if pruned_leaf(raw) is not None:
+                upto = index + 1
+                continue
+            body = json.loads(raw)
+            if body["time"] >= cutoff:
+                break
+            upto = index + 1
+            if body["type"] == EventType.CALL.value:
+                doomed.append((index, leaf_hash(raw)))
+        if upto == start:
+            return 0
+        memory.backend.replace_log_entries([(index, pruned(leaf)) for index, leaf in doomed])
+        memory.backend.put_setting("audit.pruned_upto", str(upto))
+        fields = {"from": start, "upto": upto, "count": len(doomed), "digest": digest(doomed), "before": cutoff}
+        events.append((Entry(EventType.RETENTION, memory._clock(), fields), None))
+    memory.backend.scrub()  # the pruned entries' pages leave the -wal too
+    return len(doomed)

@@ -185,6 +185,10 @@ class Backend(Protocol):
 
     def log_indexes_of(self, record_id: str) -> list[int]: ...
 
+    def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """Overwrite stored entries in place (audit retention prunes them to their leaf hash)."""
+        ...
+
     def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
         """(index, entry) of every log entry whose bytes contain ``token`` (a pseudonym or
         an opaque user token: entries hold nothing else that could name anyone)."""

@@ -537,6 +537,9 @@ class SQLiteBackend:
         for idx, entry in rows:
             yield int(idx), bytes(entry)
 
+    def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
+
     def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
         # instr() scans in C; the entries are small and a scan of a million takes well under a second.
         for idx, entry in self._conn.execute(
