@@ -244,3 +244,11 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
     assert b"not valid UTF-8" in bad.stderr
     listed = subprocess.run([DELEATUR, "list", "--json"], env=env, capture_output=True, check=True)
     assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]
+
+
+def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    assert cli("remember", "[red]note[/red] about [b]x", "-s", "Alice")[0] == 0
+    code, out, _ = cli("list")
+    assert code == 0
+    assert "[red]note[/red] about [b]x" in out

@@ -17,6 +17,7 @@ from .common import (
     LegalClaimOpt,
     RunOpt,
     UserOpt,
+    add_row,
     app,
     emit,
     open_memory,
@@ -84,7 +85,8 @@ def list_(as_json: JsonOpt = False) -> None:
         table.add_column(column)
     for r in rows:
         scopes = r["scopes"]
-        table.add_row(
+        add_row(
+            table,
             str(r["id"]),
             str(r["name"]),
             str(r["role"]),
@@ -184,7 +186,7 @@ def explain_decision(
         table.add_column(column)
     for b in body["beliefs"]:
         value = "[redacted: erased]" if b["redacted"] else b["value"]
-        table.add_row(b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
+        add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
     out.print(table)
     for r in body["redactions"]:
         out.print(f"redacted by erasure {r['request']}: {len(r['records'])} belief(s)", markup=False)

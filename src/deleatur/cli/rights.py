@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InvalidInputError
-from .common import JsonOpt, app, emit, open_memory, out
+from .common import JsonOpt, add_row, app, emit, open_memory, out
 from .erasure import report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
@@ -53,7 +53,7 @@ def restrictions(as_json: JsonOpt = False) -> None:
     for column in ("subject", "since", "actor", "reason"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
+        add_row(table, r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
     out.print(table)
 
 

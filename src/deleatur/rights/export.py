@@ -101,8 +101,7 @@ class _Export:
     def _decrypted(self, rows: list[StoredRow]) -> list[tuple[Record, list[dict[str, Any]]]]:
         log: dict[str, list[dict[str, Any]]] = {r.id: [] for r in rows}
         for record_id, index, raw in self.memory.backend.log_of_records([r.id for r in rows]):
-            entry = Entry.decode(raw)
-            log[record_id].append({"index": index, "entry": json.loads(entry.encode())})
+            log[record_id].append({"index": index, "entry": json.loads(raw)})
         self.records += len(rows)
         self.log_entries += sum(len(v) for v in log.values())
         used = self.memory.backend.decisions_using(self.memory.tenant, log)

@@ -175,8 +175,22 @@ def _v6(conn: apsw.Connection) -> None:
         conn.execute(sql).fetchall()
 
 
+def _v7(conn: apsw.Connection) -> None:
+    """A user's records in insertion order, straight from an index: an export streams
+    them instead of SQLite sorting (and holding) every matching row first."""
+    conn.execute("CREATE INDEX records_user ON records(tenant, user_id)").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
+    1: _v1,
+    2: _v2,
+    3: _v3,
+    4: _v4,
+    5: _v5,
+    6: _v6,
+    7: _v7,
+}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -273,7 +273,9 @@ class SQLiteBackend:
             if value is not None:
                 sql += f" AND r.{column} = ?"
                 args.append(value)
-        for values in self._conn.execute(sql + " ORDER BY r.id", args):
+        # Insertion order (rowid), which the (tenant, user_id) and (tenant, subject_ref)
+        # indexes hold: no sort, so rows stream with flat memory.
+        for values in self._conn.execute(sql + " ORDER BY r.rowid", args):
             yield _row(values)
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
