@@ -33,6 +33,7 @@ def test_json_export_of_a_subject_round_trips(populated: Memory) -> None:
     counts = populated.export_json(buffer, subject="ALICE")
     data = json.loads(buffer.getvalue())
     assert data["format"] == "deleatur-export/v1"
+    assert data["checkpoint"] == populated.backend.checkpoint()[1]  # type: ignore[index]
     assert counts["records"] == len(data["records"]) == 1502
     stored = {r.id for r in populated.list(subject="alice", include_history=True)}
     stored |= {r.id for r in populated.list(subject="alice", include_history=True, space=Space("u2"))}

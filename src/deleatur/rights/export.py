@@ -5,7 +5,8 @@ time, never all held in memory) and never truncated. Two formats:
 
 * JSON, schema ``deleatur-export/v1``::
 
-    {"format": "deleatur-export/v1", "exported_at": ..., "tenant": ..., "scope": {...},
+    {"format": "deleatur-export/v1", "exported_at": ..., "tenant": ..., "checkpoint": "<note>",
+     "scope": {...},
      "records": [ {<record, as `deleatur get --json` prints it>,
                    "log": [{"index": n, "entry": {<the record's log entries>}}]}, ... ],
      "erasure_requests": [...], "restrictions": [...],
@@ -14,6 +15,8 @@ time, never all held in memory) and never truncated. Two formats:
      "audit": [{"index": n, "entry": {<every call naming the subject or user>}}],
      "counts": {"records": n, "log_entries": m, "decisions": d, "audit_entries": a}}
 
+  ``checkpoint`` is the log's newest signed checkpoint at export time: a receipt
+  (inclusion proof) for any listed log entry is ``deleatur log prove INDEX``.
   A decision shows only the beliefs about what is exported: another person's
   values in the same snapshot are theirs, not the requester's.
 
@@ -177,6 +180,7 @@ def export_json(
 ) -> dict[str, int]:
     job = _Export(memory, subject=subject, user_id=user_id)
     head = {"format": FORMAT, "exported_at": isoformat(memory._clock()), "tenant": memory.tenant}
+    head["checkpoint"] = _checkpoint(memory)
     out.write(json.dumps(head, ensure_ascii=False)[:-1])
     out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
     first = True
@@ -224,10 +228,21 @@ def export_csv(
         audit.writerow(["index", "entry"])
         for item in job.audit_trail():
             audit.writerow([item["index"], json.dumps(item["entry"], sort_keys=True)])
-    manifest = {"format": FORMAT, "tenant": memory.tenant, "scope": job.scope_json(), "counts": job.counts()}
+    manifest = {
+        "format": FORMAT,
+        "tenant": memory.tenant,
+        "checkpoint": _checkpoint(memory),
+        "scope": job.scope_json(),
+        "counts": job.counts(),
+    }
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     job.audit()
     return job.counts()
+
+
+def _checkpoint(memory: Memory) -> str | None:
+    latest = memory.backend.checkpoint()
+    return None if latest is None else latest[1]
 
 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
