@@ -179,8 +179,12 @@ def export_json(
     memory: Memory, out: TextIO, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
     job = _Export(memory, subject=subject, user_id=user_id)
-    head = {"format": FORMAT, "exported_at": isoformat(memory._clock()), "tenant": memory.tenant}
-    head["checkpoint"] = _checkpoint(memory)
+    head = {
+        "format": FORMAT,
+        "exported_at": isoformat(memory._clock()),
+        "tenant": memory.tenant,
+        "checkpoint": _checkpoint(memory),
+    }
     out.write(json.dumps(head, ensure_ascii=False)[:-1])
     out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
     first = True
