@@ -993,7 +993,7 @@ class Memory:
             # newer value is the one superseded, never silently orphaned.
             current_row = self.backend.active_by_key(self.tenant, space, key_ref)
             if current_row is None:
-                raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+                raise NotFoundError("no active value for this key in this space")
             check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
             current = self._decrypt(current_row)
             item = NewMemory(
@@ -1039,7 +1039,7 @@ class Memory:
                 assert key is not None
                 found = self.backend.active_by_key(self.tenant, space, self._key_ref(space, canonical_key(key)))
                 if found is None:
-                    raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+                    raise NotFoundError("no active value for this key in this space")
                 row = found
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
@@ -1298,5 +1298,5 @@ class Memory:
         """Every version of a key in one space, oldest first."""
         rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
         if not rows:
-            raise NotFoundError(f"no record with key {canonical_key(key)!r} in this space")
+            raise NotFoundError("no record with this key in this space")
         return [self._decrypt(r) for r in rows]
