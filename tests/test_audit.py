@@ -15,7 +15,7 @@ import pytest
 from deleatur import AccessDeniedError, Entry, EventType, InvalidInputError, Memory, Role, Space
 from deleatur.log.merkle import leaf_hash
 
-from .conftest import Cli, FakeClock, store_files
+from .conftest import Cli, FakeClock, store_files, truncate_log
 
 BASIS = "Art. 17(1)(a)"
 
@@ -64,16 +64,7 @@ def _reorder(memory: Memory) -> None:
 
 
 def _cut_newest_with_its_checkpoint(memory: Memory) -> None:
-    """What a careful attacker does: drop the newest entry, every stored hash that
-    covers it, and every checkpoint that mentions it. What is left is self-consistent."""
-    new_size = memory.backend.log_size() - 1
-    conn = _conn(memory)
-    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
-    for level in range(64):
-        conn.execute(
-            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
-        )
-    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
+    truncate_log(memory, memory.backend.log_size() - 1)
 
 
 TAMPERING: dict[str, tuple[Callable[[Memory], None], str]] = {
