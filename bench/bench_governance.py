@@ -94,8 +94,9 @@ def run_auth(workdir: Path, rounds: int, calls: int) -> dict[str, Any]:
     def decision() -> None:
         # The guard's entry alone (request id, capability and scope check), then what
         # its exit does for an unaudited success.
-        scoped._enter_call("get", Capability.READ, (USER,), None)
-        scoped._current = None
+        call = scoped._enter_call("get", Capability.READ, (USER,), None)
+        call.audit, call.logged = False, True
+        scoped._leave_call(call, None)
 
     variants: dict[str, Callable[[], object]] = {
         "get_raw_us": lambda: memory._decrypt(memory.backend.get(tenant, record_id)),  # type: ignore[arg-type]

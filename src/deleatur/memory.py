@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -182,7 +183,7 @@ class Memory:
         #: Who this handle acts for: the local operator, unless it is a view made by
         #: :meth:`as_principal`. Every public call is authorized and audited as them.
         self.principal = Principal.local_operator(self.tenant)
-        self._current: Call | None = None
+        self._calls = threading.local()  # this thread's calls in progress, innermost last
         self._owner = True
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
@@ -309,7 +310,11 @@ class Memory:
     def as_principal(self, principal: Principal) -> Memory:
         """A view of this store that acts for ``principal``, inside its tenant: every
         call on it is authorized against the principal's capabilities and scopes, and
-        audited. Views share the open store; make one per request or thread."""
+        audited. Views share the open store's connection: use one handle (and its
+        views) from one thread at a time. Only the handle that opened the store makes
+        views: a view cannot make another, so no principal can act as a wider one."""
+        if not self._owner:
+            raise self._deny("only the handle that opened the store can act for another principal", "operator")
         if not isinstance(principal, Principal):
             raise InvalidInputError("as_principal needs a Principal (see authenticate)")
         if principal.revoked_at is not None:
@@ -318,9 +323,14 @@ class Memory:
         view.principal = principal
         view.tenant = principal.tenant
         view._scope_tokens = {}  # tokens are per tenant
-        view._current = None
+        view._calls = threading.local()
         view._owner = False
         return view
+
+    @property
+    def _current(self) -> Call | None:
+        stack: builtins.list[Call] | None = getattr(self._calls, "stack", None)
+        return stack[-1] if stack else None
 
     def authenticate(self, api_key: str) -> Principal:
         """The principal an API key belongs to. Every refusal (malformed, unknown,
@@ -392,13 +402,16 @@ class Memory:
         call = Call(action, request if is_request_id(request) else self._ids.new(), None)
         principal = self.principal
         wanted = capability if isinstance(capability, tuple) else (capability,)
-        if not any(c in principal.capabilities for c in wanted):
+        if not principal.operator and self._revoked(principal):
+            problem, missing = "was revoked", "principal"
+        elif not any(c in principal.capabilities for c in wanted):
             problem, missing = f"needs the {' or '.join(c.value for c in wanted)} capability", wanted[0].value
         elif users is None:
-            # Content-free verification material is the only thing a scoped key may
-            # read across the whole tenant.
+            # Verification material, which a verifier may use, is the only thing a
+            # scoped key may read across the whole tenant.
             problem, missing = None, ""
-            if principal.scopes is not None and Capability.VERIFY not in wanted:
+            verifying = Capability.VERIFY in wanted and Capability.VERIFY in principal.capabilities
+            if principal.scopes is not None and not verifying:
                 problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
         else:
             call.users = tuple(users)
@@ -413,11 +426,17 @@ class Memory:
                 missing=missing,
                 request_id=call.request,
             )
-        self._current = call
+        self._calls.__dict__.setdefault("stack", []).append(call)
         return call
 
+    def _revoked(self, principal: Principal) -> bool:
+        """Revocation takes effect on the next call, on every view already made."""
+        row = self.backend.principal(principal.id)
+        return row is None or row["revoked_at"] is not None
+
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
-        self._current = None
+        popped = self._calls.stack.pop()
+        assert popped is call
         if error is None and call.logged:
             return
         if error is not None:
@@ -603,7 +622,7 @@ class Memory:
         if not indexes:
             raise NotFoundError(f"record {record_id} has no write entry in the log", record_id=record_id)
         index = indexes[0]
-        note = self.checkpoint()
+        note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
         entry = self.log.entry(index)
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
@@ -611,12 +630,15 @@ class Memory:
 
     @guarded("log.prove", (V, R), audit=False)
     def prove(self, index: int) -> TlogProof:
-        """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``."""
-        note = self.checkpoint()
+        """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``.
+        Another tenant's entries are not handed out (key announcements belong to all)."""
+        note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
         if not 0 <= index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
         entry = self.log.entry(index)
+        if json.loads(entry).get("tenant", self.tenant) != self.tenant:
+            raise NotFoundError(f"entry {index} is not this tenant's")
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
 
     @guarded("log.consistency", (V, R), audit=False)
@@ -629,7 +651,7 @@ class Memory:
             raise InvalidInputError(f"old checkpoint: {exc.message}") from None
         if previous.origin != self.log.origin:
             raise InvalidInputError(f"old checkpoint is from log {previous.origin}, not {self.log.origin}")
-        current = self.checkpoint()
+        current = self._checkpoint()
         size = Checkpoint.parse(current.text).size
         if previous.size > size:
             raise LogError(f"the log has {size} entries, fewer than the old checkpoint's {previous.size}")
@@ -669,6 +691,11 @@ class Memory:
         Entries this process appended within the checkpoint interval are signed first,
         as ``close()`` would sign them; any other entry no checkpoint covers fails the
         coverage check."""
+        return self._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned_checkpoint)
+
+    def _verify_log(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+    ) -> Report:
         if self._shared.unsigned and self.log.signer is not None:
             with self.backend.atomic():
                 self.log.checkpoint()
@@ -787,7 +814,7 @@ class Memory:
             derived_from=tuple(derived_from),
             expires_at=expires_at,
         )
-        return self.remember_many([item], space=space, for_legal_claim=for_legal_claim)[0]
+        return self._remember_many([item], space, for_legal_claim)[0]
 
     @guarded("remember", W, in_space)
     def remember_many(
@@ -795,6 +822,9 @@ class Memory:
     ) -> list[Record]:
         """Write many memories in one transaction: all of them, or none. Writes about a
         restricted subject (Art. 18) are refused unless ``for_legal_claim``."""
+        return self._remember_many(items, space, for_legal_claim)
+
+    def _remember_many(self, items: Iterable[NewMemory], space: Space, for_legal_claim: bool) -> list[Record]:
         batch = list(items)
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
@@ -1045,7 +1075,7 @@ class Memory:
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
         self.backend.scrub()  # the retired text's index terms leave the -wal too
-        return self.get(row.id, space=space)
+        return self._decrypt(self._row_in_space(row.id, space))
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:
         """Take an active row out of recall: new status, and its terms out of the index."""
@@ -1222,7 +1252,7 @@ class Memory:
         self._name_subject(subject)
         unrestrict(self, subject, actor=actor)
 
-    @guarded("restrictions", (R, V))
+    @guarded("restrictions", R)
     def restrictions(self) -> builtins.list[Restriction]:
         return restrictions(self)
 

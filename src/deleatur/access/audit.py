@@ -91,7 +91,7 @@ def verify(memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: 
             pinned = Note.parse(state.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, NoteError):
             raise InvalidInputError(f"{state} is not an auditor state file (a signed checkpoint)") from None
-    report = memory.verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned)
+    report = memory._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned)
     if report.ok and state is not None:
         latest = memory.backend.checkpoint()
         if latest is not None:

@@ -38,10 +38,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
+from ..erasure.requests import ErasureRequest
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject
 from ..store.protocol import StoredRow
+from .restriction import restrictions
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -117,14 +119,16 @@ class _Export:
     def requests(self) -> list[dict[str, Any]]:
         now = self.memory._clock()
         return [
-            r.to_json(now) for r in self.memory.erasure_requests() if self.ref is not None and r.subject_ref == self.ref
+            r.to_json(now)
+            for r in map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
+            if self.ref is not None and r.subject_ref == self.ref
         ]
 
     def restrictions(self) -> list[dict[str, Any]]:
         if self.ref is None:
             return []
         pseudonym = self.memory.keys.pseudonym(self.memory.tenant, self.ref, self.subject or "")
-        return [r.to_json() for r in self.memory.restrictions() if r.subject == pseudonym]
+        return [r.to_json() for r in restrictions(self.memory) if r.subject == pseudonym]
 
     def decisions(self) -> list[dict[str, Any]]:
         out = []
