@@ -174,7 +174,7 @@ def test_every_operation_checks_capability_and_scope(memory: Memory, spec: Spec,
         assert entry.fields["error"] == denied.value.missing
         assert entry.fields["request"] == denied.value.request_id
         return
-    if role is Role.AGENT and spec.name.startswith("erase"):
+    if role is Role.AGENT and (spec.name.startswith("erase") or spec.name == "purge"):
         # Allowed, but an agent must first see the blast radius in a dry run.
         with pytest.raises(ConfirmationRequiredError):
             spec.run(view, world)
@@ -350,3 +350,36 @@ def test_revocation_reaches_views_already_made_and_views_cannot_widen(memory: Me
     wide = Principal(other.id, "default", "other", Role.ADMIN, operator=True)
     with pytest.raises(AccessDeniedError, match="only the handle that opened the store"):
         memory.as_principal(other).as_principal(wide)
+
+
+def test_a_scoped_key_cannot_derive_from_records_outside_its_scopes(memory: Memory) -> None:
+    theirs = memory.remember("Bob's note", subject="Bob", space=U2)
+    member, _ = memory.create_principal("u1 member", Role.MEMBER, scopes=["u1"])
+    view = memory.as_principal(member)
+    with pytest.raises(NotFoundError, match="unknown record id") as unknown:
+        view.remember("derived", subject="Alice", space=U1, derived_from=[theirs.id])
+    with pytest.raises(NotFoundError, match="unknown record id") as missing:
+        view.remember("derived", subject="Alice", space=U1, derived_from=["01a22a03-19d9-75ea-b6f8-0a895b612b14"])
+    assert str(unknown.value).replace(theirs.id, "ID") == str(missing.value).replace(missing.value.message[-36:], "ID")
+    mine = view.remember("mine", subject="Alice", space=U1)
+    assert view.remember("derived", subject="Alice", space=U1, derived_from=[mine.id]).derived_from == (mine.id,)
+
+
+def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock: object) -> None:
+    memory.remember("old", subject="a", expires_at=1)
+    agent, _ = memory.create_principal("bot", Role.AGENT)
+    view = memory.as_principal(agent)
+    with pytest.raises(ConfirmationRequiredError):
+        view.purge()
+    assert len(list(memory.list(include_history=True))) == 1
+    plan = view.purge(dry_run=True, issue_token=True, request_id="RET-1")
+    done = view.purge(confirmation=plan.token, request_id="RET-1")
+    assert done.request is not None and done.request.counts["records"] == 1
+
+
+def test_retention_policies_are_per_tenant(memory: Memory) -> None:
+    outsider, _ = memory.create_principal("acme admin", Role.ADMIN, tenant="acme")
+    memory.as_principal(outsider).set_retention("user", 1)
+    assert memory.retention_policy()["user"] is None
+    assert memory.remember("kept", subject="a").expires_at is None
+    assert memory.as_principal(outsider).retention_policy()["user"] == 1

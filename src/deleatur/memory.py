@@ -564,7 +564,8 @@ class Memory:
         signer = Signer.generate(self.log.origin)
         write_signer(self.signing_key_path, signer, replace=False)
         try:
-            with self.backend.atomic():
+            # The key, its checkpoint and the call's audit entry commit together.
+            with self._logged(sign=True):
                 self.log.signer = signer
                 self.log.announce_key(signer, previous=None)
                 self.log.checkpoint()
@@ -587,7 +588,7 @@ class Memory:
         pending = pending_path(self.signing_key_path)
         write_signer(pending, new, replace=True)
         try:
-            with self.backend.atomic():
+            with self._logged(sign=True):
                 self.log.announce_key(new, previous=old)
                 self.log.signer = new
                 self.log.checkpoint(old)
@@ -884,7 +885,14 @@ class Memory:
         for parent in lineage:
             if not is_record_id(parent):
                 raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
-        missing = lineage - self.backend.existing_ids(self.tenant, lineage)
+        scopes = self.principal.scopes
+        if scopes is None:
+            found = self.backend.existing_ids(self.tenant, lineage)
+        else:
+            # A scoped key may derive only from records it may see: a record outside its
+            # scopes reads as unknown, so lineage cannot probe, or link into, other users.
+            found = {row.id for row in self.backend.rows(self.tenant, lineage) if row.space.user_id in scopes}
+        missing = lineage - found
         if missing:
             raise NotFoundError(f"derived_from names unknown record id {sorted(missing)[0]}")
         return batch
@@ -1224,11 +1232,26 @@ class Memory:
 
     @guarded("purge", D)
     def purge(
-        self, *, older_than_days: float | None = None, request_id: str | None = None, dry_run: bool = False
+        self,
+        *,
+        older_than_days: float | None = None,
+        request_id: str | None = None,
+        dry_run: bool = False,
+        issue_token: bool = False,
+        confirmation: str | None = None,
     ) -> ErasureResult:
         """Hard-delete expired records (and those older than ``older_than_days``), with
-        tombstones and crypto-shredding, as an erasure request of kind ``retention``."""
-        return purge(self, older_than_days=older_than_days, request_id=request_id, dry_run=dry_run)
+        tombstones and crypto-shredding, as an erasure request of kind ``retention``.
+        An agent principal must confirm with the token of a dry run, as for ``erase``."""
+        return purge(
+            self,
+            older_than_days=older_than_days,
+            request_id=request_id,
+            dry_run=dry_run,
+            issue_token=issue_token,
+            confirmation=confirmation,
+            require_confirmation=self.principal.role is Role.AGENT,
+        )
 
     @guarded("purge.audit", A)
     def prune_audit(self, *, older_than_days: float) -> int:

@@ -39,30 +39,44 @@ def space_kind(space: Space) -> str:
     return "agent" if space.agent_id else "user"
 
 
+def _setting(memory: Memory, kind: str) -> str:
+    """Each tenant has its own policy: one tenant's admin must not expire another's records."""
+    return f"retention.{kind}.tenant={memory.tenant}"
+
+
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
         raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
     if days is not None and not days > 0:
         raise InvalidInputError("a retention period must be a positive number of days")
-    with memory.backend.atomic():
-        memory.backend.put_setting(f"retention.{kind}", None if days is None else str(int(days * _DAY_US)))
+    with memory._logged():  # the change and its audit entry commit together
+        memory.backend.put_setting(_setting(memory, kind), None if days is None else str(int(days * _DAY_US)))
 
 
 def policy(memory: Memory) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for kind in KINDS:
-        value = memory.backend.get_setting(f"retention.{kind}")
+        value = memory.backend.get_setting(_setting(memory, kind))
         out[kind] = None if value is None else int(value) / _DAY_US
     return out
 
 
 def retention_for(memory: Memory, space: Space) -> int | None:
     """The retention period of ``space``'s kind, in microseconds (None: kept until erased)."""
-    value = memory.backend.get_setting(f"retention.{space_kind(space)}")
+    value = memory.backend.get_setting(_setting(memory, space_kind(space)))
     return None if value is None else int(value)
 
 
-def purge(memory: Memory, *, older_than_days: float | None, request_id: str | None, dry_run: bool) -> ErasureResult:
+def purge(
+    memory: Memory,
+    *,
+    older_than_days: float | None,
+    request_id: str | None,
+    dry_run: bool,
+    issue_token: bool = False,
+    confirmation: str | None = None,
+    require_confirmation: bool = False,
+) -> ErasureResult:
     if older_than_days is not None and not older_than_days >= 0:
         raise InvalidInputError("--older-than must be a number of days, zero or more")
     now = memory._clock()
@@ -76,6 +90,9 @@ def purge(memory: Memory, *, older_than_days: float | None, request_id: str | No
         requester="retention policy",
         dry_run=dry_run,
         retention=(now, created_before),
+        issue_token=issue_token,
+        confirmation=confirmation,
+        require_confirmation=require_confirmation,
     )
 
 

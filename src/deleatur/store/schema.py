@@ -181,6 +181,13 @@ def _v7(conn: apsw.Connection) -> None:
     conn.execute("CREATE INDEX records_user ON records(tenant, user_id)").fetchall()
 
 
+def _v8(conn: apsw.Connection) -> None:
+    """Retention policies become per tenant; a store-wide one becomes the default tenant's."""
+    conn.execute(
+        "UPDATE meta SET k = k || '.tenant=default' WHERE k IN ('retention.user', 'retention.agent', 'retention.run')"
+    ).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -190,6 +197,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     5: _v5,
     6: _v6,
     7: _v7,
+    8: _v8,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
