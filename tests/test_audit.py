@@ -245,3 +245,12 @@ def test_purge_include_audit_cli(cli: Cli) -> None:
     key = json.loads(out)["api_key"]
     code, _, err = cli("--api-key", key, "purge", "--older-than", "0", "--include-audit")
     assert code == 3 and "operator" in err
+
+
+def test_streaming_calls_refuse_bad_arguments_when_made_and_audit_the_failure(memory: Memory) -> None:
+    with pytest.raises(InvalidInputError):
+        memory.list(subject="   ")
+    with pytest.raises(InvalidInputError):
+        memory.audit_entries(start=-5)
+    calls = [Entry.decode(raw).fields for _, raw in memory.backend.log_entries() if b'"type":"call"' in raw]
+    assert [(c["action"], c["outcome"]) for c in calls[-2:]] == [("list", "failed"), ("audit.show", "failed")]

@@ -88,10 +88,17 @@ def test_erasure_redacts_resigns_and_logs_the_link(memory: Memory, store_path: P
     assert result.request.counts["decisions_redacted"] == 1
     after = memory.explain_decision(decision_id)  # still verifies: re-signed
     redacted, kept = after.body["beliefs"]
-    assert (redacted["record"], redacted["key"], redacted["value"], redacted["redacted"]) == (alice, None, None, True)
+    assert (redacted["record"], redacted["key"], redacted["value"], redacted["salt"]) == (alice, None, None, None)
+    assert redacted["redacted"] is True
     assert (kept["record"], kept["value"], kept["redacted"]) == (policy, "Refunds need a receipt", False)
     assert after.body["redactions"] == [
-        {"request": "E-1", "records": [alice], "time": after.body["redactions"][0]["time"], "previous": before.hash}
+        {
+            "by": "erasure",
+            "request": "E-1",
+            "records": [alice],
+            "time": after.body["redactions"][0]["time"],
+            "previous": before.hash,
+        }
     ]
     [link] = [Entry.decode(r) for _, r in memory.backend.log_entries() if b'"type":"redact"' in r]
     assert (link.fields["old"], link.fields["new"], link.fields["request"]) == (before.hash, after.hash, "E-1")
@@ -146,3 +153,51 @@ def test_decision_cli(cli: Cli) -> None:
     assert shown["decision"]["beliefs"][0]["redacted"] is True
     code, _, err = cli("decision", "record", "x", "--used", "bad")
     assert code == 2 and "not a record id" in err
+
+
+def test_the_hash_of_a_redacted_body_confirms_no_guess(memory: Memory) -> None:
+    """The pre-redaction hash is public (in the log and in the redaction): with the
+    erased value's salt gone, trying candidate values against it cannot succeed."""
+    decision_id, alice, _ = _decided(memory)
+    before = memory.explain_decision(decision_id)
+    assert len(before.body["beliefs"][0]["salt"]) == 32
+    memory.erase("Alice", request_id="E-1", basis=BASIS, requester="dpo")
+    after = memory.explain_decision(decision_id).body
+    guess = json.loads(json.dumps(after))
+    guess.pop("redactions")
+    guess["redactions"] = []
+    guess["beliefs"][0].update(
+        key="refund_window", value="Alice Quokkafield may get refunds up to 90 days", redacted=False
+    )
+    assert hashlib.sha256(canonical(guess)).hexdigest() != after["redactions"][0]["previous"]  # the right guess fails
+    assert guess["beliefs"][0]["salt"] is None and alice
+
+
+def test_rectify_erase_previous_redacts_the_snapshots_that_used_the_old_value(memory: Memory, store_path: Path) -> None:
+    old = memory.remember("Alice's diagnosis: qzwrongvalue", subject="Alice", key="alice::diagnosis")
+    decision = memory.record_decision("triage", [old.id])
+    new = memory.rectify(
+        "alice::diagnosis", "Alice's diagnosis: corrected", reason="lab error", actor="dr", erase_previous=True
+    )
+    shown = memory.explain_decision(decision.id).body
+    assert shown["beliefs"][0]["redacted"] is True and shown["beliefs"][0]["value"] is None
+    assert shown["redactions"][0]["by"] == "rectification" and shown["redactions"][0]["request"] == new.id
+    memory.erase("Alice", request_id="E-1", basis=BASIS, requester="dpo")
+    assert memory.explain_decision(decision.id).body["beliefs"][0]["redacted"] is True  # still verifies
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert b"qzwrongvalue" not in blob
+
+
+def test_a_row_swapped_for_another_decision_or_moved_is_caught(memory: Memory) -> None:
+    first, alice, policy = _decided(memory)
+    second = memory.record_decision("loan declined", [policy]).id
+    conn = _conn(memory)
+    [row] = conn.execute("SELECT body, signature, hash FROM decisions WHERE id = ?", (second,)).fetchall()
+    conn.execute("UPDATE decisions SET body = ?, signature = ?, hash = ? WHERE id = ?", (*row, first))
+    with pytest.raises(IntegrityError, match=r"check 3 \(identity\)"):
+        memory.explain_decision(first)
+    conn.execute("UPDATE decisions SET user_id = 'mallory' WHERE id = ?", (second,))
+    with pytest.raises(IntegrityError, match=r"check 3 \(identity\)"):
+        memory.explain_decision(second, space=Space("mallory"))
+    assert alice

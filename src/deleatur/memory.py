@@ -43,6 +43,7 @@ from .crypto.signing import pending_path, read_signer, signing_key_path, write_s
 from .decisions.snapshots import Decision
 from .decisions.snapshots import explain as explain_decision
 from .decisions.snapshots import record as record_decision
+from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
 from .erasure.requests import ErasureRequest, is_request_id
@@ -1057,6 +1058,7 @@ class Memory:
             )
             # Re-read after the write: the value it superseded has left the index since.
             self._purge(r for r in self.backend.history(self.tenant, space, key_ref) if r.id in earlier)
+            redact_decisions(self, sorted(earlier), record.id, self._clock(), events, by="rectification")
         if erase_previous:
             self.backend.scrub()
         return record
@@ -1334,7 +1336,9 @@ class Memory:
         include_history: bool = False,
         limit: int | None = None,
     ) -> Iterator[Record]:
-        """Records of one space, oldest first, streamed; active ones unless ``include_history``."""
+        """Records of one space, oldest first, streamed; active ones unless ``include_history``.
+        The arguments are checked (and the call audited) when it is made, not when the
+        first record is read."""
         where = RowFilter(
             tenant=self.tenant,
             space=space,
@@ -1343,8 +1347,7 @@ class Memory:
             statuses=frozenset(Status) if include_history else frozenset({Status.ACTIVE}),
             limit=limit,
         )
-        for row in self.backend.select(where):
-            yield self._decrypt(row)
+        return (self._decrypt(row) for row in self.backend.select(where))
 
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:

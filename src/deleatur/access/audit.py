@@ -59,9 +59,15 @@ def entries(
     actor: str | None = None,
 ) -> Iterator[AuditEntry]:
     """The entries of the caller's tenant (and the store-wide key announcements),
-    oldest first, from log index ``start``."""
+    oldest first, from log index ``start``. Bad arguments are refused at once."""
     if start < 0 or (limit is not None and limit < 1):
         raise InvalidInputError("start must be >= 0 and limit >= 1")
+    return _entries(memory, start, limit, calls_only, actor)
+
+
+def _entries(
+    memory: Memory, start: int, limit: int | None, calls_only: bool, actor: str | None
+) -> Iterator[AuditEntry]:
     principal = memory.principal
     may_unseal = principal.scopes is None and Capability.READ in principal.capabilities
     shown = 0

@@ -3,19 +3,27 @@
 A snapshot's signed body is canonical JSON (keys sorted, no whitespace, ASCII),
 signed with the store's log key over ``deleatur/decision/v1\\n`` + body::
 
-    {"format": "deleatur-decision/v1", "id", "store", "tenant", "time", "actor",
-     "summary", "beliefs": [{"record", "key", "value", "confidence", "log_index",
-     "redacted"}], "redactions": [{"request", "records", "time", "previous"}]}
+    {"format": "deleatur-decision/v1", "id", "store", "tenant", "space", "time",
+     "actor", "summary", "beliefs": [{"record", "key", "value", "salt", "confidence",
+     "log_index", "redacted"}], "redactions": [{"by", "request", "records", "time",
+     "previous"}]}
 
 ``log_index`` is the record's write entry in the log; ``previous`` is the hash of
-the body a redaction replaced. The body's SHA-256 is logged (a ``decision`` entry),
-so a snapshot cannot be swapped for another later.
+the body a redaction replaced. The body's SHA-256 is logged (a ``decision`` entry).
+Each belief carries a random ``salt``, sealed and redacted with its value: the
+hashes of bodies that held an erased value cannot be used to confirm a guess of it.
+The id and the space are signed, so a row cannot be swapped for another decision
+or moved to another space unnoticed.
 
 At rest, each belief's key and value are sealed under its subject's data key and
 the summary under a key of the tenant's decisions; erasing a subject therefore
 shreds old copies in backups too. The erasure itself redacts: it blanks the
-erased records' keys and values in every snapshot that used them, re-signs the
-snapshot, and logs a ``redact`` entry linking the old and new body hashes.
+erased records' keys, values and salts in every snapshot that used them, re-signs
+the snapshot, and logs a ``redact`` entry linking the old and new body hashes.
+``rectify --erase-previous`` redacts the values it hard-deletes the same way.
+
+The summary is not redacted: it describes the decision and must not name people
+(it is sealed under the tenant's decisions key, which no erasure destroys).
 """
 
 from __future__ import annotations
@@ -107,18 +115,19 @@ def record(
         refs.append(row.subject_ref)
         rec = memory._decrypt(row)
         indexes = memory.backend.log_indexes_of(record_id)
+        salt = memory._random(16).hex()
         belief = {
             "record": rec.id,
             "key": rec.key,
             "value": rec.text,
+            "salt": salt,
             "confidence": rec.confidence,
             "log_index": indexes[0] if indexes else None,
             "redacted": False,
         }
         beliefs.append(belief)
-        sealed.append(
-            {**belief, "key": None, "value": None, "sealed": _seal(memory, row.subject_ref, [rec.key, rec.text])}
-        )
+        hidden = {**belief, "key": None, "value": None, "salt": None}
+        sealed.append({**hidden, "sealed": _seal(memory, row.subject_ref, [rec.key, rec.text, salt])})
     check_writable(memory, refs, for_legal_claim=for_legal_claim)
     # The summary key is a data key like a subject's, under a blind reference of the tenant.
     memory.keys.key_for_subject(memory.tenant, _summary_key_ref(memory))
@@ -128,6 +137,7 @@ def record(
         "id": memory._ids.new(),
         "store": memory.backend.store_id,
         "tenant": memory.tenant,
+        "space": {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id},
         "time": now,
         "actor": memory.principal.id,
         "summary": summary.strip(),
@@ -174,7 +184,7 @@ def _open(memory: Memory, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     for belief in stored["beliefs"]:
         plain = {k: v for k, v in belief.items() if k != "sealed"}
         if not belief["redacted"]:
-            plain["key"], plain["value"] = _unseal(memory, belief["sealed"])
+            plain["key"], plain["value"], plain["salt"] = _unseal(memory, belief["sealed"])
         beliefs.append(plain)
     body = {**stored, "summary": _unseal(memory, stored["summary"]), "beliefs": beliefs}
     return body, stored
@@ -199,20 +209,25 @@ def explain_any(memory: Memory, decision_id: str, verifiers: Iterable[Verifier])
 def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: Iterable[Verifier]) -> Decision:
     body, _ = _open(memory, row)
     message = canonical(body)
+    space = {"user_id": row["user_id"], "agent_id": row["agent_id"], "run_id": row["run_id"]}
     # Numbered like every verification: which check failed is what the caller needs.
     if hashlib.sha256(message).digest() != bytes(row["hash"]):
         raise IntegrityError(f"decision {decision_id}: check 1 (hash) failed: the stored body was altered")
     signer = next((v for v in verifiers if v.key_id.hex() == row["key_id"]), None)
     if signer is None or not signer.verify_bytes(CONTEXT + message, bytes(row["signature"])):
         raise IntegrityError(f"decision {decision_id}: check 2 (signature) failed")
+    if (body.get("id"), body.get("tenant"), body.get("space")) != (decision_id, memory.tenant, space):
+        raise IntegrityError(f"decision {decision_id}: check 3 (identity) failed: the row holds another decision")
     return Decision(body, hashlib.sha256(message).hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
 
 
-def redact(memory: Memory, erased: Sequence[str], request_id: str, now: int, events: Events) -> int:
+def redact(
+    memory: Memory, erased: Sequence[str], request_id: str, now: int, events: Events, *, by: str = "erasure"
+) -> int:
     """Blank the erased records in every snapshot that used them and re-sign it.
 
-    Inside the erasure's transaction, before any key is destroyed. Returns how many
-    snapshots were redacted."""
+    Inside the hard delete's transaction (an erasure's, before any key is destroyed,
+    or a rectification's). Returns how many snapshots were redacted."""
     gone = set(erased)
     redacted = 0
     for decision_id in memory.backend.decisions_using(memory.tenant, gone):
@@ -223,13 +238,13 @@ def redact(memory: Memory, erased: Sequence[str], request_id: str, now: int, eve
         hit = sorted(b["record"] for b in body["beliefs"] if b["record"] in gone and not b["redacted"])
         if not hit:
             continue
-        blank = {"key": None, "value": None, "redacted": True}
+        blank = {"key": None, "value": None, "salt": None, "redacted": True}
         new_beliefs = [{**b, **blank} if b["record"] in gone else b for b in body["beliefs"]]
         new_sealed = [
             {**{k: v for k, v in b.items() if k != "sealed"}, **blank} if b["record"] in gone else b
             for b in stored["beliefs"]
         ]
-        redaction = {"request": request_id, "records": hit, "time": now, "previous": previous}
+        redaction = {"by": by, "request": request_id, "records": hit, "time": now, "previous": previous}
         body = {**body, "beliefs": new_beliefs, "redactions": [*body["redactions"], redaction]}
         stored = {**stored, "beliefs": new_sealed, "redactions": body["redactions"]}
         space = Space(row["user_id"], row["agent_id"], row["run_id"])
