@@ -3,6 +3,7 @@ temporary store: every line printed with ``$`` is a command a user could type.""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -108,6 +109,18 @@ def main() -> None:
         (tmpdir / "tampered.json").write_text(data)
         run("verify-receipt", str(tmpdir / "tampered.json"), "--key", vkey, expect=1)
 
+        step("Principals: an agent's API key, scoped to one user; every call is authorized and audited")
+        bot = json.loads(run("principals", "create", "support-bot", "--role", "agent", "--scope", "default", "--json"))
+        run("--api-key", bot["api_key"], "whoami")
+        run("--api-key", bot["api_key"], "recall", "phone")
+        run("--api-key", bot["api_key"], "recall", "note", "--user", "user10", expect=3)
+
+        step("A decision keeps a signed snapshot of exactly the beliefs it used")
+        decision = json.loads(
+            run("decision", "record", "confirm the refund by email", "--used", alice_email, "--json")
+        )["decision"]["id"]
+        run("decision", "explain", decision)
+
         step("Art. 17 erasure: first the blast radius, changing nothing")
         run("remember", "Alice mentioned a refund", "--subject", "Support log", "--derived-from", alice_email)
         run("remember", "Bob met Alice Martin at the fair", "--subject", "Bob Stone")
@@ -120,6 +133,13 @@ def main() -> None:
         run("erase", "Alice Martin", *dsar)  # the same request id again: the same result, nothing more
         run("requests")
         run("list", "--history")
+
+        step("The erasure blanked Alice's belief in the decision, re-signed it and logged the link")
+        run("decision", "explain", decision)
+
+        step("The audit trail: every call, content-free and verifiable; the auditor keeps the head it saw")
+        run("audit", "show", "--calls", "--actor", bot["id"])
+        run("audit", "verify", "--expected-pubkey", vkey, "--state", str(tmpdir / "auditor.state"))
 
         step("A portable certificate, verified offline with the public key alone")
         cert = tmpdir / "DSAR-17.cert.json"

@@ -49,6 +49,18 @@ def memory(request: pytest.FixtureRequest, store_path: Path, clock: FakeClock) -
     mem.close()
 
 
+def truncate_log(memory: Memory, new_size: int) -> None:
+    """What a careful attacker with database access does: drop the newest entries,
+    every hash that covers them, and every checkpoint that mentions them."""
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
+    for level in range(64):
+        conn.execute(
+            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
+        )
+    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
+
+
 def store_files(store_path: Path) -> list[Path]:
     """Every file next to the store that the store or its key store may have written."""
     return sorted(p for p in store_path.parent.iterdir() if p.name.startswith(store_path.name))

@@ -12,9 +12,10 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import AccessDeniedError, Entry, EventType, Memory, Role, Space
+from deleatur import AccessDeniedError, Entry, EventType, InvalidInputError, Memory, Role, Space
+from deleatur.log.merkle import leaf_hash
 
-from .conftest import Cli
+from .conftest import Cli, FakeClock, store_files, truncate_log
 
 BASIS = "Art. 17(1)(a)"
 
@@ -63,16 +64,7 @@ def _reorder(memory: Memory) -> None:
 
 
 def _cut_newest_with_its_checkpoint(memory: Memory) -> None:
-    """What a careful attacker does: drop the newest entry, every stored hash that
-    covers it, and every checkpoint that mentions it. What is left is self-consistent."""
-    new_size = memory.backend.log_size() - 1
-    conn = _conn(memory)
-    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
-    for level in range(64):
-        conn.execute(
-            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
-        )
-    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
+    truncate_log(memory, memory.backend.log_size() - 1)
 
 
 TAMPERING: dict[str, tuple[Callable[[Memory], None], str]] = {
@@ -176,3 +168,89 @@ def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli("principals", "revoke", made["id"])[0] == 0
     assert cli("--api-key", made["api_key"], "whoami")[0] == 3
     assert cli("principals", "revoke", made["id"])[0] == 2
+
+
+def _reader_calls(memory: Memory, clock: FakeClock, days: float, n: int) -> None:
+    viewer, _ = memory.create_principal(f"reader {days}", Role.VIEWER)
+    view = memory.as_principal(viewer)
+    for _ in range(n):
+        view.recall("tea", space=Space("u1"))
+    clock.advance(days * 86_400)
+
+
+def test_audit_retention_prunes_old_calls_and_still_verifies(memory: Memory, clock: FakeClock, tmp_path: Path) -> None:
+    memory.remember("Alice likes tea", subject="Alice Quartz", space=Space("u1"))
+    _reader_calls(memory, clock, 40, 3)
+    state = tmp_path / "auditor.state"
+    assert memory.verify_audit(state=state).ok
+    old_calls = {i for i, raw in memory.backend.log_entries() if b'"type":"call"' in raw}
+    _reader_calls(memory, clock, 0, 2)
+    pruned = memory.prune_audit(older_than_days=30)
+    assert pruned == len(old_calls)
+    for index, raw in memory.backend.log_entries():
+        assert (index in old_calls) == raw.startswith(b"\x00"), index
+    report = memory.verify_audit(state=state)  # consistent with what the auditor saw before
+    assert report.ok, report.lines()
+    assert "1 retention anchor" in next(c.detail for c in report.checks if c.name == "retention")
+    assert all(a.index not in old_calls for a in memory.audit_entries())
+    assert memory.prune_audit(older_than_days=30) == 0  # nothing older is left
+    # The pruned bytes are gone from every file the store wrote.
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(memory.backend.files()[0]))
+    assert blob.count(b'"action":"recall"') == 2  # only the two recent recalls are left anywhere
+
+
+def test_pruning_without_an_anchor_or_against_it_is_caught(memory: Memory, clock: FakeClock) -> None:
+    memory.remember("x", subject="a")
+    _reader_calls(memory, clock, 40, 3)
+    _reader_calls(memory, clock, 0, 1)
+    memory.prune_audit(older_than_days=30)
+    conn = _conn(memory)
+    # Prune one more call entry, silently: no anchor accounts for it.
+    index, raw = next((i, r) for i, r in memory.backend.log_entries() if b'"type":"call"' in r)
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (b"\x00" + leaf_hash(raw), index))
+    report = memory.verify_audit()
+    assert [c.name for c in report.failed] == ["retention"]
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (raw, index))
+    assert memory.verify_audit().ok
+    # A pruned marker that does not hold the entry's leaf hash breaks the tree.
+    pruned_index = next(i for i, r in memory.backend.log_entries() if r.startswith(b"\x00"))
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (b"\x00" + bytes(32), pruned_index))
+    assert "roots" in [c.name for c in memory.verify_audit().failed]
+
+
+def test_only_the_operator_prunes_the_audit_trail(memory: Memory) -> None:
+    admin, _ = memory.create_principal("tenant admin", Role.ADMIN)
+    size = memory.backend.log_size()
+    with pytest.raises(AccessDeniedError, match="operator") as denied:
+        memory.as_principal(admin).prune_audit(older_than_days=0)
+    assert denied.value.missing == "operator"
+    entries = [Entry.decode(raw) for _, raw in memory.backend.log_entries(size)]
+    assert [(e.fields["action"], e.fields["outcome"]) for e in entries] == [("purge.audit", "denied")]
+    with pytest.raises(InvalidInputError):
+        memory.prune_audit(older_than_days=-1)
+
+
+def test_purge_include_audit_cli(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    assert cli("remember", "x", "-s", "a")[0] == 0
+    code, _, err = cli("purge", "--include-audit")
+    assert code == 2 and "--older-than" in err
+    code, out, _ = cli("purge", "--older-than", "0", "--include-audit", "--json")
+    assert code == 0, out
+    assert json.loads(out)["audit_entries_pruned"] >= 2
+    code, out, _ = cli("audit", "verify")
+    assert code == 0 and "retention anchor" in out
+    code, out, _ = cli("principals", "create", "adm", "--role", "admin", "--json")
+    key = json.loads(out)["api_key"]
+    code, _, err = cli("--api-key", key, "purge", "--older-than", "0", "--include-audit")
+    assert code == 3 and "operator" in err
+
+
+def test_streaming_calls_refuse_bad_arguments_when_made_and_audit_the_failure(memory: Memory) -> None:
+    with pytest.raises(InvalidInputError):
+        memory.list(subject="   ")
+    with pytest.raises(InvalidInputError):
+        memory.audit_entries(start=-5)
+    calls = [Entry.decode(raw).fields for _, raw in memory.backend.log_entries() if b'"type":"call"' in raw]
+    assert [(c["action"], c["outcome"]) for c in calls[-2:]] == [("list", "failed"), ("audit.show", "failed")]

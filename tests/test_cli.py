@@ -139,9 +139,9 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("remember", "t", "-s", "a", "--derived-from", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "unknown"),
         (("get", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "no record"),
         (("get", "xyz"), None, "not a record id"),
-        (("forget", "--key", "nope"), None, "no active value for key 'nope'"),
+        (("forget", "--key", "nope"), None, "no active value for this key"),
         (("forget",), None, "exactly one"),
-        (("history", "--key", "nope"), None, "no record with key 'nope'"),
+        (("history", "--key", "nope"), None, "no record with this key"),
         (("rectify", "t", "--key", "nope", "--reason", "r"), None, "no active value"),
         (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
         (("recall", "!!!"), None, "no searchable words"),
@@ -244,3 +244,11 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
     assert b"not valid UTF-8" in bad.stderr
     listed = subprocess.run([DELEATUR, "list", "--json"], env=env, capture_output=True, check=True)
     assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]
+
+
+def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    assert cli("remember", "[red]note[/red] about [b]x", "-s", "Alice")[0] == 0
+    code, out, _ = cli("list")
+    assert code == 0
+    assert "[red]note[/red] about [b]x" in out

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from deleatur import InvalidInputError, Memory, NewMemory, Space
+from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
+from deleatur.log.note import Note, open_note
 
 from .conftest import Cli
 
@@ -33,6 +35,11 @@ def test_json_export_of_a_subject_round_trips(populated: Memory) -> None:
     counts = populated.export_json(buffer, subject="ALICE")
     data = json.loads(buffer.getvalue())
     assert data["format"] == "deleatur-export/v1"
+    # The newest signed checkpoint when the export began: the export's own entries came after.
+    note = Note.parse(data["checkpoint"])
+    assert open_note(note, populated.log.verifiers())
+    size = Checkpoint.parse(note.text).size
+    assert size == populated.backend.log_size() - 2
     assert counts["records"] == len(data["records"]) == 1502
     stored = {r.id for r in populated.list(subject="alice", include_history=True)}
     stored |= {r.id for r in populated.list(subject="alice", include_history=True, space=Space("u2"))}
@@ -107,3 +114,27 @@ def test_export_cli(cli: Cli, tmp_path: Path) -> None:
     assert (tmp_path / "b" / "records.csv").exists()
     assert cli("export", "--subject", "Alice", "--format", "xml")[0] == 2
     assert cli("export")[0] == 2
+
+
+def test_export_holds_the_decisions_and_calls_about_the_subject_only(memory: Memory, tmp_path: Path) -> None:
+    alice = memory.remember("Alice may get refunds", subject="Alice")
+    bob = memory.remember("Bob owes 30 euros", subject="Bob")
+    decision = memory.record_decision("refund for Alice, offset against Bob", [alice.id, bob.id])
+    memory.restrict("Alice", reason="contested", actor="dpo")
+    memory.unrestrict("Alice", actor="dpo")
+    buffer = io.StringIO()
+    counts = memory.export_json(buffer, subject="Alice")
+    data = json.loads(buffer.getvalue())
+    [shown] = data["decisions"]
+    assert shown["id"] == decision.id
+    assert [b["value"] for b in shown["beliefs"]] == ["Alice may get refunds"]  # not Bob's value
+    assert "owes" not in buffer.getvalue()
+    actions = [a["entry"].get("action", a["entry"]["type"]) for a in data["audit"]]
+    assert actions == ["restrict", "restrict", "unrestrict", "unrestrict"]  # the events and the calls
+    assert counts == data["counts"] == {"records": 1, "log_entries": 1, "decisions": 1, "audit_entries": 4}
+    csv_counts = memory.export_csv(tmp_path / "bundle", subject="Alice")
+    with (tmp_path / "bundle" / "audit.csv").open(encoding="utf-8") as handle:
+        assert len(list(csv.DictReader(handle))) == csv_counts["audit_entries"] >= 5  # now the first export too
+    with (tmp_path / "bundle" / "decisions.csv").open(encoding="utf-8") as handle:
+        [row] = list(csv.DictReader(handle))
+    assert row["id"] == decision.id

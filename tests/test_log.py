@@ -16,7 +16,7 @@ from deleatur.log.merkle import ProofError, verify_consistency
 from deleatur.log.note import Note, NoteError, Signer, open_note
 from deleatur.log.receipt import Receipt, verify_receipt
 
-from .conftest import MASTER, store_files
+from .conftest import MASTER, store_files, truncate_log
 
 
 def _entries(memory: Memory) -> list[Entry]:
@@ -174,18 +174,6 @@ def test_two_roots_for_one_size_are_refused(memory: Memory) -> None:
     assert "roots" in _failed(memory)
 
 
-def _truncate(memory: Memory, new_size: int) -> None:
-    """What a careful attacker with database access does: drop the newest entries,
-    every hash that covers them, and every checkpoint that mentions them."""
-    conn = _conn(memory)
-    conn.execute("DELETE FROM log_entries WHERE idx >= ?", (new_size,))
-    for level in range(64):
-        conn.execute(
-            "DELETE FROM log_nodes WHERE pos >= ? AND pos < ?", ((level << 50) | (new_size >> level), (level + 1) << 50)
-        )
-    conn.execute("DELETE FROM log_checkpoints WHERE size > ?", (new_size,))
-
-
 def test_truncation_with_checkpoint_deleted_needs_a_pinned_checkpoint(memory: Memory) -> None:
     """A peer's audit chain passes after its newest row and checkpoint are deleted.
     Ours passes on its own too (and its note says why that proves little); against
@@ -197,11 +185,11 @@ def test_truncation_with_checkpoint_deleted_needs_a_pinned_checkpoint(memory: Me
     early_size = Checkpoint.parse(early.text).size
 
     # Cutting into a batch leaves entries no checkpoint covers: caught without any pin.
-    _truncate(memory, early_size + 1)
+    truncate_log(memory, early_size + 1)
     assert _failed(memory) == ["coverage"]
 
     # Cutting the whole newest batch and its checkpoint leaves a self-consistent log.
-    _truncate(memory, early_size)
+    truncate_log(memory, early_size)
     alone = memory.verify_log()
     assert alone.ok
     assert any("NOT ANCHORED" in n for n in alone.notes)

@@ -94,12 +94,13 @@ def test_failed_migration_leaves_the_old_version(store_path: Path, monkeypatch: 
 
 def test_newer_schema_is_refused_without_change(store_path: Path) -> None:
     Memory.open(store_path, from_bytes(MASTER), create=True).close()
+    newer = max(schema.MIGRATIONS) + 1
     conn = apsw.Connection(str(store_path))
-    conn.execute("PRAGMA user_version = 7")
+    conn.execute(f"PRAGMA user_version = {newer}")
     conn.close()
-    with pytest.raises(SchemaVersionError, match="schema version 7"):
+    with pytest.raises(SchemaVersionError, match=f"schema version {newer}"):
         Memory.open(store_path, from_bytes(MASTER))
-    assert _version(store_path) == 7
+    assert _version(store_path) == newer
 
 
 def test_foreign_files_are_refused_untouched(tmp_path: Path) -> None:

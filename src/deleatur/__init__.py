@@ -6,6 +6,7 @@ The public surface is re-exported here; everything else is internal.
 from .access.audit import AuditEntry
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
+from .decisions.snapshots import Decision
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -45,6 +46,7 @@ __all__ = [
     "CosignatureVerifier",
     "Cosigner",
     "DataKeyDestroyedError",
+    "Decision",
     "DeleaturError",
     "Entry",
     "EventType",

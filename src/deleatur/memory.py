@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -39,6 +40,10 @@ from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
+from .decisions.snapshots import Decision
+from .decisions.snapshots import explain as explain_decision
+from .decisions.snapshots import record as record_decision
+from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
 from .erasure.requests import ErasureRequest, is_request_id
@@ -80,7 +85,7 @@ from .model import (
 )
 from .rights.export import export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
-from .rights.retention import policy, purge, retention_for, set_policy
+from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
 from .store.protocol import Backend, RowFilter, StoredRow
 from .store.sqlite import SQLiteBackend
 
@@ -179,7 +184,7 @@ class Memory:
         #: Who this handle acts for: the local operator, unless it is a view made by
         #: :meth:`as_principal`. Every public call is authorized and audited as them.
         self.principal = Principal.local_operator(self.tenant)
-        self._current: Call | None = None
+        self._calls = threading.local()  # this thread's calls in progress, innermost last
         self._owner = True
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
@@ -306,7 +311,11 @@ class Memory:
     def as_principal(self, principal: Principal) -> Memory:
         """A view of this store that acts for ``principal``, inside its tenant: every
         call on it is authorized against the principal's capabilities and scopes, and
-        audited. Views share the open store; make one per request or thread."""
+        audited. Views share the open store's connection: use one handle (and its
+        views) from one thread at a time. Only the handle that opened the store makes
+        views: a view cannot make another, so no principal can act as a wider one."""
+        if not self._owner:
+            raise self._deny("only the handle that opened the store can act for another principal", "operator")
         if not isinstance(principal, Principal):
             raise InvalidInputError("as_principal needs a Principal (see authenticate)")
         if principal.revoked_at is not None:
@@ -315,9 +324,14 @@ class Memory:
         view.principal = principal
         view.tenant = principal.tenant
         view._scope_tokens = {}  # tokens are per tenant
-        view._current = None
+        view._calls = threading.local()
         view._owner = False
         return view
+
+    @property
+    def _current(self) -> Call | None:
+        stack: builtins.list[Call] | None = getattr(self._calls, "stack", None)
+        return stack[-1] if stack else None
 
     def authenticate(self, api_key: str) -> Principal:
         """The principal an API key belongs to. Every refusal (malformed, unknown,
@@ -389,13 +403,16 @@ class Memory:
         call = Call(action, request if is_request_id(request) else self._ids.new(), None)
         principal = self.principal
         wanted = capability if isinstance(capability, tuple) else (capability,)
-        if not any(c in principal.capabilities for c in wanted):
+        if not principal.operator and self._revoked(principal):
+            problem, missing = "was revoked", "principal"
+        elif not any(c in principal.capabilities for c in wanted):
             problem, missing = f"needs the {' or '.join(c.value for c in wanted)} capability", wanted[0].value
         elif users is None:
-            # Content-free verification material is the only thing a scoped key may
-            # read across the whole tenant.
+            # Verification material, which a verifier may use, is the only thing a
+            # scoped key may read across the whole tenant.
             problem, missing = None, ""
-            if principal.scopes is not None and Capability.VERIFY not in wanted:
+            verifying = Capability.VERIFY in wanted and Capability.VERIFY in principal.capabilities
+            if principal.scopes is not None and not verifying:
                 problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
         else:
             call.users = tuple(users)
@@ -410,11 +427,17 @@ class Memory:
                 missing=missing,
                 request_id=call.request,
             )
-        self._current = call
+        self._calls.__dict__.setdefault("stack", []).append(call)
         return call
 
+    def _revoked(self, principal: Principal) -> bool:
+        """Revocation takes effect on the next call, on every view already made."""
+        row = self.backend.principal(principal.id)
+        return row is None or row["revoked_at"] is not None
+
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
-        self._current = None
+        popped = self._calls.stack.pop()
+        assert popped is call
         if error is None and call.logged:
             return
         if error is not None:
@@ -542,7 +565,8 @@ class Memory:
         signer = Signer.generate(self.log.origin)
         write_signer(self.signing_key_path, signer, replace=False)
         try:
-            with self.backend.atomic():
+            # The key, its checkpoint and the call's audit entry commit together.
+            with self._logged(sign=True):
                 self.log.signer = signer
                 self.log.announce_key(signer, previous=None)
                 self.log.checkpoint()
@@ -565,7 +589,7 @@ class Memory:
         pending = pending_path(self.signing_key_path)
         write_signer(pending, new, replace=True)
         try:
-            with self.backend.atomic():
+            with self._logged(sign=True):
                 self.log.announce_key(new, previous=old)
                 self.log.signer = new
                 self.log.checkpoint(old)
@@ -600,7 +624,7 @@ class Memory:
         if not indexes:
             raise NotFoundError(f"record {record_id} has no write entry in the log", record_id=record_id)
         index = indexes[0]
-        note = self.checkpoint()
+        note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
         entry = self.log.entry(index)
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
@@ -608,12 +632,15 @@ class Memory:
 
     @guarded("log.prove", (V, R), audit=False)
     def prove(self, index: int) -> TlogProof:
-        """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``."""
-        note = self.checkpoint()
+        """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``.
+        Another tenant's entries are not handed out (key announcements belong to all)."""
+        note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
         if not 0 <= index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
         entry = self.log.entry(index)
+        if json.loads(entry).get("tenant", self.tenant) != self.tenant:
+            raise NotFoundError(f"entry {index} is not this tenant's")
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
 
     @guarded("log.consistency", (V, R), audit=False)
@@ -626,7 +653,7 @@ class Memory:
             raise InvalidInputError(f"old checkpoint: {exc.message}") from None
         if previous.origin != self.log.origin:
             raise InvalidInputError(f"old checkpoint is from log {previous.origin}, not {self.log.origin}")
-        current = self.checkpoint()
+        current = self._checkpoint()
         size = Checkpoint.parse(current.text).size
         if previous.size > size:
             raise LogError(f"the log has {size} entries, fewer than the old checkpoint's {previous.size}")
@@ -666,6 +693,11 @@ class Memory:
         Entries this process appended within the checkpoint interval are signed first,
         as ``close()`` would sign them; any other entry no checkpoint covers fails the
         coverage check."""
+        return self._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned_checkpoint)
+
+    def _verify_log(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+    ) -> Report:
         if self._shared.unsigned and self.log.signer is not None:
             with self.backend.atomic():
                 self.log.checkpoint()
@@ -784,7 +816,7 @@ class Memory:
             derived_from=tuple(derived_from),
             expires_at=expires_at,
         )
-        return self.remember_many([item], space=space, for_legal_claim=for_legal_claim)[0]
+        return self._remember_many([item], space, for_legal_claim)[0]
 
     @guarded("remember", W, in_space)
     def remember_many(
@@ -792,6 +824,9 @@ class Memory:
     ) -> list[Record]:
         """Write many memories in one transaction: all of them, or none. Writes about a
         restricted subject (Art. 18) are refused unless ``for_legal_claim``."""
+        return self._remember_many(items, space, for_legal_claim)
+
+    def _remember_many(self, items: Iterable[NewMemory], space: Space, for_legal_claim: bool) -> list[Record]:
         batch = list(items)
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
@@ -851,7 +886,14 @@ class Memory:
         for parent in lineage:
             if not is_record_id(parent):
                 raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
-        missing = lineage - self.backend.existing_ids(self.tenant, lineage)
+        scopes = self.principal.scopes
+        if scopes is None:
+            found = self.backend.existing_ids(self.tenant, lineage)
+        else:
+            # A scoped key may derive only from records it may see: a record outside its
+            # scopes reads as unknown, so lineage cannot probe, or link into, other users.
+            found = {row.id for row in self.backend.rows(self.tenant, lineage) if row.space.user_id in scopes}
+        missing = lineage - found
         if missing:
             raise NotFoundError(f"derived_from names unknown record id {sorted(missing)[0]}")
         return batch
@@ -990,7 +1032,7 @@ class Memory:
             # newer value is the one superseded, never silently orphaned.
             current_row = self.backend.active_by_key(self.tenant, space, key_ref)
             if current_row is None:
-                raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+                raise NotFoundError("no active value for this key in this space")
             check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
             current = self._decrypt(current_row)
             item = NewMemory(
@@ -1016,6 +1058,7 @@ class Memory:
             )
             # Re-read after the write: the value it superseded has left the index since.
             self._purge(r for r in self.backend.history(self.tenant, space, key_ref) if r.id in earlier)
+            redact_decisions(self, sorted(earlier), record.id, self._clock(), events, by="rectification")
         if erase_previous:
             self.backend.scrub()
         return record
@@ -1036,13 +1079,13 @@ class Memory:
                 assert key is not None
                 found = self.backend.active_by_key(self.tenant, space, self._key_ref(space, canonical_key(key)))
                 if found is None:
-                    raise NotFoundError(f"no active value for key {canonical_key(key)!r} in this space")
+                    raise NotFoundError("no active value for this key in this space")
                 row = found
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
         self.backend.scrub()  # the retired text's index terms leave the -wal too
-        return self.get(row.id, space=space)
+        return self._decrypt(self._row_in_space(row.id, space))
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:
         """Take an active row out of recall: new status, and its terms out of the index."""
@@ -1067,6 +1110,23 @@ class Memory:
             count = self._purge(rows)
         self.backend.scrub()
         return count
+
+    # -- decision snapshots ---------------------------------------------------------
+
+    @guarded("decision.record", W, in_space)
+    def record_decision(
+        self, summary: str, used: Iterable[str], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
+    ) -> Decision:
+        """Sign and keep a snapshot of exactly the beliefs (records) a decision used.
+        See :mod:`deleatur.decisions.snapshots`."""
+        with self._logged() as events:
+            return record_decision(self, summary, builtins.list(used), space, events, for_legal_claim=for_legal_claim)
+
+    @guarded("decision.explain", R, in_space)
+    def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
+        """The snapshot, after checking its hash and signature (IntegrityError names
+        the failed check); erased beliefs appear redacted."""
+        return explain_decision(self, decision_id, space, self.log.verifiers())
 
     # -- erasure (Art. 17) ---------------------------------------------------------
 
@@ -1174,11 +1234,35 @@ class Memory:
 
     @guarded("purge", D)
     def purge(
-        self, *, older_than_days: float | None = None, request_id: str | None = None, dry_run: bool = False
+        self,
+        *,
+        older_than_days: float | None = None,
+        request_id: str | None = None,
+        dry_run: bool = False,
+        issue_token: bool = False,
+        confirmation: str | None = None,
     ) -> ErasureResult:
         """Hard-delete expired records (and those older than ``older_than_days``), with
-        tombstones and crypto-shredding, as an erasure request of kind ``retention``."""
-        return purge(self, older_than_days=older_than_days, request_id=request_id, dry_run=dry_run)
+        tombstones and crypto-shredding, as an erasure request of kind ``retention``.
+        An agent principal must confirm with the token of a dry run, as for ``erase``."""
+        return purge(
+            self,
+            older_than_days=older_than_days,
+            request_id=request_id,
+            dry_run=dry_run,
+            issue_token=issue_token,
+            confirmation=confirmation,
+            require_confirmation=self.principal.role is Role.AGENT,
+        )
+
+    @guarded("purge.audit", A)
+    def prune_audit(self, *, older_than_days: float) -> int:
+        """Prune audit (``call``) entries older than ``older_than_days``, leaving their leaf
+        hashes and a retention anchor, so the log still verifies. The deployment
+        operator's alone: a tenant's admin is refused, and the refusal audited."""
+        if not self.principal.operator:
+            raise self._deny("pruning audit entries is the deployment operator's alone", "operator")
+        return prune_audit(self, older_than_days=older_than_days)
 
     # -- restriction (Art. 18) ------------------------------------------------------
 
@@ -1193,7 +1277,7 @@ class Memory:
         self._name_subject(subject)
         unrestrict(self, subject, actor=actor)
 
-    @guarded("restrictions", (R, V))
+    @guarded("restrictions", R)
     def restrictions(self) -> builtins.list[Restriction]:
         return restrictions(self)
 
@@ -1252,7 +1336,9 @@ class Memory:
         include_history: bool = False,
         limit: int | None = None,
     ) -> Iterator[Record]:
-        """Records of one space, oldest first, streamed; active ones unless ``include_history``."""
+        """Records of one space, oldest first, streamed; active ones unless ``include_history``.
+        The arguments are checked (and the call audited) when it is made, not when the
+        first record is read."""
         where = RowFilter(
             tenant=self.tenant,
             space=space,
@@ -1261,13 +1347,12 @@ class Memory:
             statuses=frozenset(Status) if include_history else frozenset({Status.ACTIVE}),
             limit=limit,
         )
-        for row in self.backend.select(where):
-            yield self._decrypt(row)
+        return (self._decrypt(row) for row in self.backend.select(where))
 
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         """Every version of a key in one space, oldest first."""
         rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
         if not rows:
-            raise NotFoundError(f"no record with key {canonical_key(key)!r} in this space")
+            raise NotFoundError("no record with this key in this space")
         return [self._decrypt(r) for r in rows]

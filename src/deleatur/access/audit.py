@@ -28,6 +28,7 @@ from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
+from ..log.retention import pruned_leaf
 from .principals import Capability
 
 if TYPE_CHECKING:
@@ -58,13 +59,21 @@ def entries(
     actor: str | None = None,
 ) -> Iterator[AuditEntry]:
     """The entries of the caller's tenant (and the store-wide key announcements),
-    oldest first, from log index ``start``."""
+    oldest first, from log index ``start``. Bad arguments are refused at once."""
     if start < 0 or (limit is not None and limit < 1):
         raise InvalidInputError("start must be >= 0 and limit >= 1")
+    return _entries(memory, start, limit, calls_only, actor)
+
+
+def _entries(
+    memory: Memory, start: int, limit: int | None, calls_only: bool, actor: str | None
+) -> Iterator[AuditEntry]:
     principal = memory.principal
     may_unseal = principal.scopes is None and Capability.READ in principal.capabilities
     shown = 0
     for index, raw in memory.backend.log_entries(start):
+        if pruned_leaf(raw) is not None:
+            continue  # pruned by audit retention: nothing left to show
         entry = Entry.decode(raw)
         tenant = entry.fields.get("tenant")
         if tenant is not None and tenant != memory.tenant:
@@ -88,7 +97,7 @@ def verify(memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: 
             pinned = Note.parse(state.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, NoteError):
             raise InvalidInputError(f"{state} is not an auditor state file (a signed checkpoint)") from None
-    report = memory.verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned)
+    report = memory._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned)
     if report.ok and state is not None:
         latest = memory.backend.checkpoint()
         if latest is not None:

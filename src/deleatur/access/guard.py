@@ -8,8 +8,10 @@ tenant, which users as opaque tokens, action, outcome, request id): inside the
 call's own write transaction when it has one, so the change and its audit commit
 together, or in a transaction of its own for reads and failures.
 
-A guarded method called from inside another guarded call is part of that call: it
-is neither re-authorized nor audited twice.
+The library never calls a guarded method from inside another (it calls the bodies),
+so every guarded call is a caller's own: one made from a callback while another
+call is in progress (an export's output stream, an iterable being read) is
+authorized and audited like any other. Calls in progress are kept per thread.
 
 Calls that only hand out public, content-free log material (checkpoints, proofs,
 verification) are made with ``audit=False``: they are authorized, and a refusal is
@@ -94,8 +96,6 @@ def guarded(
     def decorate(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:
         @functools.wraps(method)
         def wrapper(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            if self._current is not None:
-                return method(self, *args, **kwargs)
             call = self._enter_call(action, capability, reach(args, kwargs), kwargs.get("request_id"))
             call.audit, call.logged = audit, not audit
             try:

@@ -1,5 +1,5 @@
-"""Principals and the audit trail: ``deleatur principals ...``, ``deleatur audit ...``,
-``deleatur whoami``."""
+"""Principals, the audit trail and decisions: ``deleatur principals ...``,
+``deleatur audit ...``, ``deleatur whoami``, ``deleatur decision ...``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,21 @@ import typer
 from rich.table import Table
 
 from ..access.principals import Role
-from .common import JsonOpt, app, emit, open_memory, out, pin_key, print_report
+from ..model import Space
+from .common import (
+    AgentOpt,
+    JsonOpt,
+    LegalClaimOpt,
+    RunOpt,
+    UserOpt,
+    add_row,
+    app,
+    emit,
+    open_memory,
+    out,
+    pin_key,
+    print_report,
+)
 
 principals_app = typer.Typer(help="Principals, their roles, scopes and API keys.", no_args_is_help=True)
 audit_app = typer.Typer(help="The audit trail: every call, verifiable.", no_args_is_help=True)
@@ -71,7 +85,8 @@ def list_(as_json: JsonOpt = False) -> None:
         table.add_column(column)
     for r in rows:
         scopes = r["scopes"]
-        table.add_row(
+        add_row(
+            table,
             str(r["id"]),
             str(r["name"]),
             str(r["role"]),
@@ -124,3 +139,54 @@ def verify(
         pinned = None if expected_pubkey is None else [pin_key(expected_pubkey, memory.log.origin)]
         report = memory.verify_audit(pinned_keys=pinned, state=state)
     print_report(report, as_json)
+
+
+decision_app = typer.Typer(help="Signed snapshots of the beliefs a decision used.", no_args_is_help=True)
+app.add_typer(decision_app, name="decision")
+
+
+@decision_app.command("record")
+def record_decision(
+    summary: str,
+    used: Annotated[list[str], typer.Option("--used", help="A record id the decision used (repeat).")],
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    for_legal_claim: LegalClaimOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record a decision and sign a snapshot of exactly the records it used."""
+    with open_memory() as memory:
+        decision = memory.record_decision(summary, used, space=Space(user, agent, run), for_legal_claim=for_legal_claim)
+    if as_json:
+        emit(decision.to_json())
+    else:
+        out.print(f"recorded decision {decision.id} (sha256 {decision.hash})", markup=False)
+
+
+@decision_app.command("explain")
+def explain_decision(
+    decision_id: Annotated[str, typer.Argument(metavar="ID")],
+    user: UserOpt = "default",
+    agent: AgentOpt = "",
+    run: RunOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a decision's snapshot after verifying its signature; erased beliefs show redacted."""
+    with open_memory() as memory:
+        decision = memory.explain_decision(decision_id, space=Space(user, agent, run))
+    if as_json:
+        emit(decision.to_json())
+        return
+    body = decision.body
+    out.print(f"decision {decision.id}: {body['summary']}", markup=False, highlight=False)
+    out.print(f"signature verified ({decision.signed_by}); sha256 {decision.hash}", markup=False)
+    table = Table()
+    for column in ("record", "key", "value", "confidence", "log index"):
+        table.add_column(column)
+    for b in body["beliefs"]:
+        value = "[redacted: erased]" if b["redacted"] else b["value"]
+        add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
+    out.print(table)
+    for r in body["redactions"]:
+        out.print(f"redacted by erasure {r['request']}: {len(r['records'])} belief(s)", markup=False)

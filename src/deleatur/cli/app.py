@@ -32,6 +32,7 @@ from .common import (
     Options,
     RunOpt,
     UserOpt,
+    add_row,
     app,
     emit,
     err,
@@ -60,7 +61,7 @@ def _records_table(
         row = [r.id, r.subject_original, r.key or "", r.status.value, r.text]
         row += [f"{scores[r.id]:.3f}"] if scores is not None else []
         row += [r.reason or "", r.actor or ""] if provenance else []
-        table.add_row(*row)
+        add_row(table, *row)
     return table
 
 
@@ -175,7 +176,8 @@ def get(
         return
     table = Table(show_header=False)
     for name, value in record.to_json().items():
-        table.add_row(
+        add_row(
+            table,
             name,
             "" if value is None else json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value,
         )

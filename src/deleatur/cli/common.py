@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from ..crypto.master import from_environment
 from ..errors import InvalidInputError
@@ -96,6 +98,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 LegalClaimOpt = Annotated[
     bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
 ]
+
+
+def add_row(table: Table, *values: str) -> None:
+    """A table row of plain text: stored text may contain "[...]", which rich would
+    otherwise take for markup and swallow."""
+    table.add_row(*(Text(v) for v in values))
 
 
 def emit(payload: Any) -> None:

@@ -18,7 +18,7 @@ from ..errors import InvalidInputError
 from ..log.note import Note, NoteError
 from ..model import SpaceFilter
 from ..store.evidence import StoreEvidence
-from .common import JsonOpt, app, emit, open_memory, out, pin_key, print_report, read_input, write_output
+from .common import JsonOpt, add_row, app, emit, open_memory, out, pin_key, print_report, read_input, write_output
 from .logs import PubkeyOpt
 
 RequestIdOpt = Annotated[str, typer.Option("--request-id", help="The DSAR's id; repeating it is idempotent.")]
@@ -39,7 +39,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     for column in ("via", "id", "space", "status", "subject"):
         table.add_column(column)
     for r in (*plan.direct, *plan.lineage):
-        table.add_row(r.via, r.id, f"{r.user_id}/{r.agent_id}/{r.run_id}", r.status.value, r.subject)
+        add_row(table, r.via, r.id, f"{r.user_id}/{r.agent_id}/{r.run_id}", r.status.value, r.subject)
     if plan.total:
         out.print(table)
     if plan.other_subjects:
@@ -63,7 +63,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
 
 
-def report_erasure(result: ErasureResult, as_json: bool) -> None:
+def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int] | None = None) -> None:
     if result.request is None:
         assert result.plan is not None
         if as_json:
@@ -73,8 +73,10 @@ def report_erasure(result: ErasureResult, as_json: bool) -> None:
         return
     request = result.request
     if as_json:
-        emit({"request": request.to_json(system_clock()), "repeated": result.repeated})
+        emit({"request": request.to_json(system_clock()), "repeated": result.repeated, **(extra or {})})
         return
+    for name, value in (extra or {}).items():
+        out.print(f"{name.replace('_', ' ')}: {value}", markup=False)
     counts = request.counts
     prefix = "already done: " if result.repeated else ""
     out.print(
@@ -162,7 +164,8 @@ def requests(as_json: JsonOpt = False) -> None:
         table.add_column(column)
     for r in rows:
         met = {True: "yes", False: "NO", None: "open"}[r["deadline_met"]]
-        table.add_row(
+        add_row(
+            table,
             r["id"],
             r["kind"],
             r["subject"] or "",
@@ -244,5 +247,5 @@ def residue(
     for column in ("id", "space", "tagged subject", "mentions"):
         table.add_column(column)
     for h in hits:
-        table.add_row(h.record_id, f"{h.user_id}/{h.agent_id}/{h.run_id}", h.subject, ", ".join(h.identifiers))
+        add_row(table, h.record_id, f"{h.user_id}/{h.agent_id}/{h.run_id}", h.subject, ", ".join(h.identifiers))
     out.print(table)

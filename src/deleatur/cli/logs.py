@@ -13,6 +13,7 @@ from ..log.checkpoint import Checkpoint
 from ..log.cosignature import CosignatureVerifier
 from ..log.note import Note, NoteError
 from ..log.receipt import Receipt, verify_receipt
+from ..log.retention import pruned_leaf
 from ..log.witness import Witness
 from ..model import Space
 from .common import (
@@ -175,7 +176,9 @@ def log_entries(
     """Print log entries (content-free JSON), one per line with its index."""
     with open_memory() as memory:
         for index, raw in memory.backend.log_entries(start, start + limit):
-            out.print(f"{index} {raw.decode('ascii')}", markup=False, highlight=False)
+            leaf = pruned_leaf(raw)
+            text = raw.decode("ascii") if leaf is None else f"(pruned by audit retention; leaf hash {leaf.hex()})"
+            out.print(f"{index} {text}", markup=False, highlight=False)
 
 
 @app.command()

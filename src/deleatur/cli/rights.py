@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InvalidInputError
-from .common import JsonOpt, app, emit, open_memory, out
+from .common import JsonOpt, add_row, app, emit, open_memory, out
 from .erasure import report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
@@ -53,7 +53,7 @@ def restrictions(as_json: JsonOpt = False) -> None:
     for column in ("subject", "since", "actor", "reason"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
+        add_row(table, r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
     out.print(table)
 
 
@@ -116,9 +116,20 @@ def purge(
     ] = None,
     request_id: Annotated[str | None, typer.Option("--request-id", help="[default: RET-<unix time>]")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go; change nothing.")] = False,
+    include_audit: Annotated[
+        bool,
+        typer.Option(
+            "--include-audit",
+            help="Also prune audit (call) entries older than --older-than, with a retention anchor (operator only).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Hard-delete expired records (and, with --older-than, old ones), with tombstones."""
+    if include_audit and (older_than is None or dry_run):
+        raise InvalidInputError("--include-audit needs --older-than DAYS, and has no dry run")
     with open_memory() as memory:
+        # The operator-only part first: a refusal leaves everything as it was.
+        pruned = memory.prune_audit(older_than_days=older_than) if include_audit and older_than is not None else None
         result = memory.purge(older_than_days=older_than, request_id=request_id, dry_run=dry_run)
-    report_erasure(result, as_json)
+    report_erasure(result, as_json, extra=None if pruned is None else {"audit_entries_pruned": pruned})

@@ -46,7 +46,7 @@ def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
     signer = memory.log.signer
     if signer is None:
         raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
-    note = memory.checkpoint()
+    note = memory._checkpoint()
     size = Checkpoint.parse(note.text).size
     # Truncate the -wal now, so the statement describes the files as they are at issue time.
     wal_truncated = memory.backend.scrub()

@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
 from ..model import SpaceFilter, canonical_subject, forget_cached_subjects
@@ -204,7 +205,8 @@ def erase(
                 memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
             doomed_keys = memory.keys.key_ids(memory.tenant, sorted(destroy))
             now = memory._clock()
-            first = memory.backend.log_size()
+            redacted = redact_decisions(memory, plan.ids, request_id, now, events)
+            first = memory.backend.log_size() + len(events)
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
             events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
             counts = {
@@ -215,6 +217,7 @@ def erase(
                 "subjects": plan.subjects,
                 "kept_in_other_spaces": plan.kept_elsewhere,
                 "derived_outside_scope": plan.outside_lineage,
+                "decisions_redacted": redacted,
             }
             events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
             request = replace(

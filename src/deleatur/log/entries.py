@@ -44,6 +44,12 @@ class EventType(enum.StrEnum):
     #: One per library call (issue 5's audit trail): actor, tenant, users as opaque
     #: tokens, action, outcome, request id; a subject only as a pseudonym and sealed.
     CALL = "call"
+    #: A signed decision snapshot was recorded: its id and the hash of its signed body.
+    DECISION = "decision"
+    #: An erasure redacted a snapshot: the old and new body hashes, and the request.
+    REDACT = "redact"
+    #: Old call entries were pruned by audit retention (see deleatur.log.retention).
+    RETENTION = "retention"
 
 
 _TYPES = frozenset(t.value for t in EventType)

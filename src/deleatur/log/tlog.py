@@ -18,6 +18,7 @@ from .checkpoint import Checkpoint
 from .entries import Entry, EventType
 from .merkle import CompactRange, NodeReader, consistency_proof, inclusion_proof, leaf_hash, subtree_root
 from .note import Note, Signer, Verifier
+from .retention import pruned_leaf
 
 ROTATION_CONTEXT = b"deleatur/key-rotation/v1\n"
 
@@ -69,6 +70,8 @@ class TransparencyLog:
 
     def entry(self, index: int) -> bytes:
         for _, raw in self.backend.log_entries(index, index + 1):
+            if pruned_leaf(raw) is not None:
+                raise LogError(f"entry {index} was pruned by audit retention; only its leaf hash remains")
             return raw
         raise LogError(f"the log has no entry {index}")
 

@@ -11,6 +11,8 @@ The verifier re-derives the Merkle tree from the entries and checks, in order:
                   unsigned addition fails here)
  6. stored_tree   the stored subtree hashes that proofs are built from match
  7. pinned        the log is consistent with a checkpoint pinned by the reader
+ 8. retention     every entry pruned by audit retention is accounted for by a
+                  retention anchor (see :mod:`deleatur.log.retention`)
 
 Nothing here needs a private key.
 """
@@ -25,6 +27,7 @@ from .entries import Entry, EntryError, EventType
 from .merkle import CompactRange, ProofError, leaf_hash, verify_consistency
 from .note import Note, NoteError, Verifier
 from .report import Report
+from .retention import AnchorChecker, pruned_leaf
 from .tlog import rotation_message
 
 StoredLevel = Callable[[int], Iterator[tuple[int, bytes]]]
@@ -83,16 +86,25 @@ def verify_log(
     if 0 in notes_by_size:
         roots[0] = compact.root()
     next_wanted = 0
+    anchors = AnchorChecker()
     for index, raw in entries:
         if index != expected_index:
             entry_problem = entry_problem or f"entry {expected_index} is missing (found {index})"
         expected_index = index + 1
-        try:
-            if Entry.canonical_type(raw) == EventType.KEY:
-                key_problem = key_problem or _key_events(Entry.decode(raw), index, keys)
-        except EntryError as exc:
-            entry_problem = entry_problem or f"entry {index}: {exc.message}"
-        for level, node_index, digest in compact.append(leaf_hash(raw)):
+        leaf = pruned_leaf(raw)
+        if leaf is not None:
+            anchors.pruned(index, leaf)
+        else:
+            leaf = leaf_hash(raw)
+            try:
+                kind = Entry.canonical_type(raw)
+                if kind == EventType.KEY:
+                    key_problem = key_problem or _key_events(Entry.decode(raw), index, keys)
+                elif kind == EventType.RETENTION:
+                    anchors.anchor(index, dict(Entry.decode(raw).fields))
+            except EntryError as exc:
+                entry_problem = entry_problem or f"entry {index}: {exc.message}"
+        for level, node_index, digest in compact.append(leaf):
             cursor = cursors.setdefault(level, stored_level(level))
             stored = next(cursor, None)
             if tree_problem is None and stored != (node_index, digest):
@@ -174,6 +186,7 @@ def verify_log(
                 pinned_checkpoint, size=size, roots=roots, consistency=consistency, pinned_keys=pinned_keys, keys=keys
             ),
         )
+    report.add("retention", *anchors.finish())
     if not pinned_keys:
         report.notes.append(
             "KEY NOT PINNED: the log's own first key was trusted; "

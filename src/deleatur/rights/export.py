@@ -5,15 +5,24 @@ time, never all held in memory) and never truncated. Two formats:
 
 * JSON, schema ``deleatur-export/v1``::
 
-    {"format": "deleatur-export/v1", "exported_at": ..., "tenant": ..., "scope": {...},
+    {"format": "deleatur-export/v1", "exported_at": ..., "tenant": ..., "checkpoint": "<note>",
+     "scope": {...},
      "records": [ {<record, as `deleatur get --json` prints it>,
                    "log": [{"index": n, "entry": {<the record's log entries>}}]}, ... ],
      "erasure_requests": [...], "restrictions": [...],
-     "counts": {"records": n, "log_entries": m}}
+     "decisions": [{"id", "time", "actor", "summary", "sha256", "redactions",
+                    "beliefs": [<only the exported records' beliefs>]}],
+     "audit": [{"index": n, "entry": {<every call naming the subject or user>}}],
+     "counts": {"records": n, "log_entries": m, "decisions": d, "audit_entries": a}}
+
+  ``checkpoint`` is the log's newest signed checkpoint at export time: a receipt
+  (inclusion proof) for any listed log entry is ``deleatur log prove INDEX``.
+  A decision shows only the beliefs about what is exported: another person's
+  values in the same snapshot are theirs, not the requester's.
 
 * a CSV bundle: a directory with ``records.csv``, ``log.csv``,
-  ``erasure_requests.csv``, ``restrictions.csv`` and ``manifest.json`` (format,
-  scope and counts).
+  ``erasure_requests.csv``, ``restrictions.csv``, ``decisions.csv``,
+  ``audit.csv`` and ``manifest.json`` (format, scope and counts).
 
 The export itself is logged (what kind, how many records; no name).
 """
@@ -21,16 +30,20 @@ The export itself is logged (what kind, how many records; no name).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..clock import isoformat
+from ..decisions.snapshots import canonical, explain_any
+from ..erasure.requests import ErasureRequest
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject
 from ..store.protocol import StoredRow
+from .restriction import restrictions
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -71,6 +84,10 @@ class _Export:
         self.scope = EVERYWHERE if user_id is None else SpaceFilter(user_id=user_id)
         self.records = 0
         self.log_entries = 0
+        self.decision_ids: set[str] = set()
+        self.exported_ids: set[str] = set()
+        self.audit_entries = 0
+        self.decision_count = 0
 
     def scope_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "user_id": self.scope.user_id}
@@ -89,23 +106,63 @@ class _Export:
     def _decrypted(self, rows: list[StoredRow]) -> list[tuple[Record, list[dict[str, Any]]]]:
         log: dict[str, list[dict[str, Any]]] = {r.id: [] for r in rows}
         for record_id, index, raw in self.memory.backend.log_of_records([r.id for r in rows]):
-            entry = Entry.decode(raw)
-            log[record_id].append({"index": index, "entry": json.loads(entry.encode())})
+            log[record_id].append({"index": index, "entry": json.loads(raw)})
         self.records += len(rows)
         self.log_entries += sum(len(v) for v in log.values())
+        used = self.memory.backend.decisions_using(self.memory.tenant, log)
+        if used:
+            # Only the ids of records some decision used are kept, to pick their beliefs out.
+            self.decision_ids.update(used)
+            self.exported_ids.update(log)
         return [(self.memory._decrypt(r), log[r.id]) for r in rows]
 
     def requests(self) -> list[dict[str, Any]]:
         now = self.memory._clock()
         return [
-            r.to_json(now) for r in self.memory.erasure_requests() if self.ref is not None and r.subject_ref == self.ref
+            r.to_json(now)
+            for r in map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
+            if self.ref is not None and r.subject_ref == self.ref
         ]
 
     def restrictions(self) -> list[dict[str, Any]]:
         if self.ref is None:
             return []
         pseudonym = self.memory.keys.pseudonym(self.memory.tenant, self.ref, self.subject or "")
-        return [r.to_json() for r in self.memory.restrictions() if r.subject == pseudonym]
+        return [r.to_json() for r in restrictions(self.memory) if r.subject == pseudonym]
+
+    def decisions(self) -> list[dict[str, Any]]:
+        out = []
+        for decision_id in sorted(self.decision_ids):
+            body = explain_any(self.memory, decision_id, self.memory.log.verifiers()).body
+            mine = [b for b in body["beliefs"] if b["record"] in self.exported_ids]
+            out.append(
+                {
+                    "id": body["id"],
+                    "time": isoformat(body["time"]),
+                    "actor": body["actor"],
+                    "summary": body["summary"],
+                    "sha256": hashlib.sha256(canonical(body)).hexdigest(),
+                    "redactions": body["redactions"],
+                    "beliefs": mine,
+                }
+            )
+        self.decision_count = len(out)
+        return out
+
+    def audit_trail(self) -> Iterator[dict[str, Any]]:
+        """The calls that named this subject (by pseudonym) or this user (by token)."""
+        if self.ref is not None:
+            token = self.memory.keys.pseudonym(self.memory.tenant, self.ref, self.subject or "")
+        else:
+            assert self.scope.user_id is not None
+            token = self.memory._user_token(self.scope.user_id)
+        if token is None:
+            return
+        for index, raw in self.memory.backend.log_entries_naming(token):
+            entry = json.loads(raw)
+            if entry.get("tenant") == self.memory.tenant:
+                self.audit_entries += 1
+                yield {"index": index, "entry": entry}
 
     def audit(self) -> None:
         fields: dict[str, object] = {"tenant": self.memory.tenant, "kind": "subject" if self.ref else "user"}
@@ -114,14 +171,24 @@ class _Export:
             events.append((Entry(EventType.EXPORT, self.memory._clock(), fields), None))
 
     def counts(self) -> dict[str, int]:
-        return {"records": self.records, "log_entries": self.log_entries}
+        return {
+            "records": self.records,
+            "log_entries": self.log_entries,
+            "decisions": self.decision_count,
+            "audit_entries": self.audit_entries,
+        }
 
 
 def export_json(
     memory: Memory, out: TextIO, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
     job = _Export(memory, subject=subject, user_id=user_id)
-    head = {"format": FORMAT, "exported_at": isoformat(memory._clock()), "tenant": memory.tenant}
+    head = {
+        "format": FORMAT,
+        "exported_at": isoformat(memory._clock()),
+        "tenant": memory.tenant,
+        "checkpoint": _checkpoint(memory),
+    }
     out.write(json.dumps(head, ensure_ascii=False)[:-1])
     out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
     first = True
@@ -131,6 +198,8 @@ def export_json(
             first = False
     out.write('], "erasure_requests": ' + json.dumps(job.requests(), ensure_ascii=False))
     out.write(', "restrictions": ' + json.dumps(job.restrictions(), ensure_ascii=False))
+    out.write(', "decisions": ' + json.dumps(job.decisions(), ensure_ascii=False))
+    out.write(', "audit": [' + ",\n".join(json.dumps(item) for item in job.audit_trail()) + "]")
     out.write(', "counts": ' + json.dumps(job.counts()) + "}\n")
     job.audit()
     return job.counts()
@@ -161,10 +230,27 @@ def export_csv(
                     log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
     _write_table(directory / "erasure_requests.csv", job.requests())
     _write_table(directory / "restrictions.csv", job.restrictions())
-    manifest = {"format": FORMAT, "tenant": memory.tenant, "scope": job.scope_json(), "counts": job.counts()}
+    _write_table(directory / "decisions.csv", job.decisions())
+    with (directory / "audit.csv").open("w", newline="", encoding="utf-8") as audit_file:
+        audit = csv.writer(audit_file)
+        audit.writerow(["index", "entry"])
+        for item in job.audit_trail():
+            audit.writerow([item["index"], json.dumps(item["entry"], sort_keys=True)])
+    manifest = {
+        "format": FORMAT,
+        "tenant": memory.tenant,
+        "checkpoint": _checkpoint(memory),
+        "scope": job.scope_json(),
+        "counts": job.counts(),
+    }
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     job.audit()
     return job.counts()
+
+
+def _checkpoint(memory: Memory) -> str | None:
+    latest = memory.backend.checkpoint()
+    return None if latest is None else latest[1]
 
 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -6,14 +6,22 @@ no run) or ``user`` (neither). Expired records are never recalled; ``purge``
 hard-deletes them (and, with ``older_than``, anything created before a cutoff)
 as an erasure of kind ``retention``: the same forensic guarantees, content-free
 tombstones, a request and a certificate.
+
+Audit entries have a retention of their own, the deployment operator's to apply:
+:func:`prune_audit` prunes old ``call`` entries and writes a retention anchor
+(see :mod:`deleatur.log.retention`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from ..erasure.engine import erase
 from ..errors import InvalidInputError
+from ..log.entries import Entry, EventType
+from ..log.merkle import leaf_hash
+from ..log.retention import digest, pruned, pruned_leaf
 from ..model import EVERYWHERE, Space
 
 if TYPE_CHECKING:
@@ -33,30 +41,44 @@ def space_kind(space: Space) -> str:
     return "agent" if space.agent_id else "user"
 
 
+def _setting(memory: Memory, kind: str) -> str:
+    """Each tenant has its own policy: one tenant's admin must not expire another's records."""
+    return f"retention.{kind}.tenant={memory.tenant}"
+
+
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
         raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
     if days is not None and not 0 < days <= MAX_DAYS:
         raise InvalidInputError(f"a retention period must be a positive number of days, at most {MAX_DAYS:,}")
-    with memory.backend.atomic():
-        memory.backend.put_setting(f"retention.{kind}", None if days is None else str(int(days * _DAY_US)))
+    with memory._logged():  # the change and its audit entry commit together
+        memory.backend.put_setting(_setting(memory, kind), None if days is None else str(int(days * _DAY_US)))
 
 
 def policy(memory: Memory) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for kind in KINDS:
-        value = memory.backend.get_setting(f"retention.{kind}")
+        value = memory.backend.get_setting(_setting(memory, kind))
         out[kind] = None if value is None else int(value) / _DAY_US
     return out
 
 
 def retention_for(memory: Memory, space: Space) -> int | None:
     """The retention period of ``space``'s kind, in microseconds (None: kept until erased)."""
-    value = memory.backend.get_setting(f"retention.{space_kind(space)}")
+    value = memory.backend.get_setting(_setting(memory, space_kind(space)))
     return None if value is None else int(value)
 
 
-def purge(memory: Memory, *, older_than_days: float | None, request_id: str | None, dry_run: bool) -> ErasureResult:
+def purge(
+    memory: Memory,
+    *,
+    older_than_days: float | None,
+    request_id: str | None,
+    dry_run: bool,
+    issue_token: bool = False,
+    confirmation: str | None = None,
+    require_confirmation: bool = False,
+) -> ErasureResult:
     if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:
         raise InvalidInputError(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
     now = memory._clock()
@@ -70,4 +92,36 @@ def purge(memory: Memory, *, older_than_days: float | None, request_id: str | No
         requester="retention policy",
         dry_run=dry_run,
         retention=(now, created_before),
+        issue_token=issue_token,
+        confirmation=confirmation,
+        require_confirmation=require_confirmation,
     )
+
+
+def prune_audit(memory: Memory, *, older_than_days: float) -> int:
+    """Prune the ``call`` entries older than the cutoff, up to the first entry that is
+    not, and anchor what was pruned. Returns how many were pruned."""
+    if not older_than_days >= 0:
+        raise InvalidInputError("--older-than must be a number of days, zero or more")
+    cutoff = memory._clock() - int(older_than_days * _DAY_US)
+    with memory._logged(sign=True) as events:
+        start = int(memory.backend.get_setting("audit.pruned_upto") or 0)
+        upto, doomed = start, []
+        for index, raw in memory.backend.log_entries(start):
+            if pruned_leaf(raw) is not None:
+                upto = index + 1
+                continue
+            body = json.loads(raw)
+            if body["time"] >= cutoff:
+                break
+            upto = index + 1
+            if body["type"] == EventType.CALL.value:
+                doomed.append((index, leaf_hash(raw)))
+        if upto == start:
+            return 0
+        memory.backend.replace_log_entries([(index, pruned(leaf)) for index, leaf in doomed])
+        memory.backend.put_setting("audit.pruned_upto", str(upto))
+        fields = {"from": start, "upto": upto, "count": len(doomed), "digest": digest(doomed), "before": cutoff}
+        events.append((Entry(EventType.RETENTION, memory._clock(), fields), None))
+    memory.backend.scrub()  # the pruned entries' pages leave the -wal too
+    return len(doomed)

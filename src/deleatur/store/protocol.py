@@ -137,6 +137,14 @@ class Backend(Protocol):
 
     def restrictions(self, tenant: str, subject_ref: bytes | None = None) -> list[dict[str, Any]]: ...
 
+    # -- decision snapshots (see deleatur.decisions) -------------------------------
+
+    def put_decision(self, row: Mapping[str, Any], uses: Sequence[str], *, replace: bool) -> None: ...
+
+    def decision(self, tenant: str, decision_id: str) -> dict[str, Any] | None: ...
+
+    def decisions_using(self, tenant: str, record_ids: Iterable[str]) -> list[str]: ...
+
     # -- principals (see deleatur.access) -----------------------------------------
 
     def put_principal(self, row: Mapping[str, Any]) -> None: ...
@@ -176,6 +184,15 @@ class Backend(Protocol):
     def log_entries(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]: ...
 
     def log_indexes_of(self, record_id: str) -> list[int]: ...
+
+    def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """Overwrite stored entries in place (audit retention prunes them to their leaf hash)."""
+        ...
+
+    def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
+        """(index, entry) of every log entry whose bytes contain ``token`` (a pseudonym or
+        an opaque user token: entries hold nothing else that could name anyone)."""
+        ...
 
     def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:
         """(record id, index, entry) of every log entry naming one of ``record_ids``."""

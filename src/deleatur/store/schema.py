@@ -149,8 +149,56 @@ def _v5(conn: apsw.Connection) -> None:
     conn.execute("CREATE INDEX principals_tenant ON principals(tenant, created_at)").fetchall()
 
 
+def _v6(conn: apsw.Connection) -> None:
+    """Signed decision snapshots; ``body`` holds values sealed under their subjects' keys."""
+    for sql in (
+        """CREATE TABLE decisions(
+            tenant TEXT NOT NULL,
+            id TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            agent_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            key_id TEXT NOT NULL,
+            signature BLOB NOT NULL,
+            hash BLOB NOT NULL,
+            PRIMARY KEY (tenant, id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE decision_uses(
+            record_id TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            decision_id TEXT NOT NULL,
+            PRIMARY KEY (record_id, tenant, decision_id)
+        ) WITHOUT ROWID""",
+    ):
+        conn.execute(sql).fetchall()
+
+
+def _v7(conn: apsw.Connection) -> None:
+    """A user's records in insertion order, straight from an index: an export streams
+    them instead of SQLite sorting (and holding) every matching row first."""
+    conn.execute("CREATE INDEX records_user ON records(tenant, user_id)").fetchall()
+
+
+def _v8(conn: apsw.Connection) -> None:
+    """Retention policies become per tenant; a store-wide one becomes the default tenant's."""
+    conn.execute(
+        "UPDATE meta SET k = k || '.tenant=default' WHERE k IN ('retention.user', 'retention.agent', 'retention.run')"
+    ).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
-MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
+MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
+    1: _v1,
+    2: _v2,
+    3: _v3,
+    4: _v4,
+    5: _v5,
+    6: _v6,
+    7: _v7,
+    8: _v8,
+}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -43,6 +43,18 @@ _REQUEST_COLUMNS = (
     "pending_keys",
     "fingerprint",
 )
+_DECISION_COLUMNS = (
+    "tenant",
+    "id",
+    "user_id",
+    "agent_id",
+    "run_id",
+    "created_at",
+    "body",
+    "key_id",
+    "signature",
+    "hash",
+)
 _PRINCIPAL_COLUMNS = ("id", "tenant", "name", "role", "scopes", "key_digest", "created_at", "revoked_at")
 _LEVEL_SHIFT = 50
 _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
@@ -261,7 +273,9 @@ class SQLiteBackend:
             if value is not None:
                 sql += f" AND r.{column} = ?"
                 args.append(value)
-        for values in self._conn.execute(sql + " ORDER BY r.id", args):
+        # Insertion order (rowid), which the (tenant, user_id) and (tenant, subject_ref)
+        # indexes hold: no sort, so rows stream with flat memory.
+        for values in self._conn.execute(sql + " ORDER BY r.rowid", args):
             yield _row(values)
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
@@ -405,6 +419,35 @@ class SQLiteBackend:
         names = ("tenant", "subject_ref", "pseudonym", "reason", "actor", "since")
         return [dict(zip(names, row, strict=True)) for row in self._conn.execute(sql + " ORDER BY since", args)]
 
+    def put_decision(self, row: Mapping[str, Any], uses: Sequence[str], *, replace: bool) -> None:
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        self._conn.execute(
+            f"{verb} INTO decisions({', '.join(_DECISION_COLUMNS)})"
+            f" VALUES ({', '.join(':' + c for c in _DECISION_COLUMNS)})",
+            dict(row),
+        )
+        self._conn.executemany(
+            "INSERT OR IGNORE INTO decision_uses(record_id, tenant, decision_id) VALUES (?, ?, ?)",
+            [(record_id, row["tenant"], row["id"]) for record_id in uses],
+        )
+
+    def decision(self, tenant: str, decision_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            f"SELECT {', '.join(_DECISION_COLUMNS)} FROM decisions WHERE tenant = ? AND id = ?", (tenant, decision_id)
+        ).fetchone()
+        return None if row is None else dict(zip(_DECISION_COLUMNS, row, strict=True))
+
+    def decisions_using(self, tenant: str, record_ids: Iterable[str]) -> list[str]:
+        found: set[str] = set()
+        for record_id in record_ids:
+            found.update(
+                str(r[0])
+                for r in self._conn.execute(
+                    "SELECT decision_id FROM decision_uses WHERE record_id = ? AND tenant = ?", (record_id, tenant)
+                )
+            )
+        return sorted(found)
+
     def put_principal(self, row: Mapping[str, Any]) -> None:
         self._conn.execute(
             f"INSERT INTO principals({', '.join(_PRINCIPAL_COLUMNS)})"
@@ -494,6 +537,16 @@ class SQLiteBackend:
             (start, end if end is not None else 1 << 62),
         )
         for idx, entry in rows:
+            yield int(idx), bytes(entry)
+
+    def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
+
+    def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
+        # instr() scans in C; the entries are small and a scan of a million takes well under a second.
+        for idx, entry in self._conn.execute(
+            "SELECT idx, entry FROM log_entries WHERE instr(entry, ?) > 0 ORDER BY idx", (f'"{token}"'.encode(),)
+        ):
             yield int(idx), bytes(entry)
 
     def log_of_records(self, record_ids: Sequence[str]) -> Iterator[tuple[str, int, bytes]]:

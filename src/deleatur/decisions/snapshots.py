@@ -1,0 +1,261 @@
+"""Signed decision snapshots: exactly the beliefs a decision used, provably.
+
+A snapshot's signed body is canonical JSON (keys sorted, no whitespace, ASCII),
+signed with the store's log key over ``deleatur/decision/v1\\n`` + body::
+
+    {"format": "deleatur-decision/v1", "id", "store", "tenant", "space", "time",
+     "actor", "summary", "beliefs": [{"record", "key", "value", "salt", "confidence",
+     "log_index", "redacted"}], "redactions": [{"by", "request", "records", "time",
+     "previous"}]}
+
+``log_index`` is the record's write entry in the log; ``previous`` is the hash of
+the body a redaction replaced. The body's SHA-256 is logged (a ``decision`` entry).
+Each belief carries a random ``salt``, sealed and redacted with its value: the
+hashes of bodies that held an erased value cannot be used to confirm a guess of it.
+The id and the space are signed, so a row cannot be swapped for another decision
+or moved to another space unnoticed.
+
+At rest, each belief's key and value are sealed under its subject's data key and
+the summary under a key of the tenant's decisions; erasing a subject therefore
+shreds old copies in backups too. The erasure itself redacts: it blanks the
+erased records' keys, values and salts in every snapshot that used them, re-signs
+the snapshot, and logs a ``redact`` entry linking the old and new body hashes.
+``rectify --erase-previous`` redacts the values it hard-deletes the same way.
+
+The summary is not redacted: it describes the decision and must not name people
+(it is sealed under the tenant's decisions key, which no erasure destroys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import IntegrityError, InvalidInputError, NotFoundError
+from ..ids import is_record_id
+from ..log.entries import Entry, EventType
+from ..log.note import Verifier
+from ..model import Space
+from ..rights.restriction import check_writable
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+Events = list[tuple[Entry, str | None]]
+
+FORMAT = "deleatur-decision/v1"
+CONTEXT = b"deleatur/decision/v1\n"
+MAX_SUMMARY_BYTES = 16 * 1024
+MAX_BELIEFS = 1000
+
+
+def canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A snapshot as :func:`explain` returns it, its signature checked."""
+
+    body: dict[str, Any]
+    hash: str
+    signed_by: str  # the verifier key name and id
+
+    @property
+    def id(self) -> str:
+        return str(self.body["id"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"decision": self.body, "sha256": self.hash, "signed_by": self.signed_by, "signature": "verified"}
+
+
+def _summary_key_ref(memory: Memory) -> bytes:
+    return memory.keys.index.ref("decision-summaries", memory.tenant)
+
+
+def _seal(memory: Memory, subject_ref: bytes, value: Any) -> str:
+    sealed = memory.keys.seal(memory.tenant, subject_ref, json.dumps(value))
+    if sealed is None:
+        raise IntegrityError("a belief's subject has no data key")
+    return sealed
+
+
+def _unseal(memory: Memory, sealed: str) -> Any:
+    plain = memory.keys.unseal(sealed)
+    if plain is None:
+        raise IntegrityError("a snapshot holds a value whose key is gone but was not redacted")
+    return json.loads(plain)
+
+
+def record(
+    memory: Memory, summary: str, used: Sequence[str], space: Space, events: Events, *, for_legal_claim: bool
+) -> Decision:
+    """Inside the caller's write transaction. Using a restricted subject's records is
+    processing (Art. 18): refused unless ``for_legal_claim``."""
+    if not isinstance(summary, str) or not summary.strip():
+        raise InvalidInputError("a decision needs a summary")
+    if len(summary.encode("utf-8", "surrogatepass")) > MAX_SUMMARY_BYTES:
+        raise InvalidInputError(f"a decision summary is limited to {MAX_SUMMARY_BYTES} bytes")
+    ids = list(dict.fromkeys(used))
+    if not ids or len(ids) > MAX_BELIEFS:
+        raise InvalidInputError(f"a decision uses 1 to {MAX_BELIEFS} records")
+    signer = memory.log.signer
+    if signer is None:
+        raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
+    beliefs, sealed, refs = [], [], []
+    for record_id in ids:
+        if not is_record_id(record_id):
+            raise InvalidInputError(f"{record_id!r} is not a record id")
+        row = memory.backend.get(memory.tenant, record_id)
+        if row is None or row.space != space:
+            raise NotFoundError(f"no record {record_id} in this space", record_id=record_id)
+        refs.append(row.subject_ref)
+        rec = memory._decrypt(row)
+        indexes = memory.backend.log_indexes_of(record_id)
+        salt = memory._random(16).hex()
+        belief = {
+            "record": rec.id,
+            "key": rec.key,
+            "value": rec.text,
+            "salt": salt,
+            "confidence": rec.confidence,
+            "log_index": indexes[0] if indexes else None,
+            "redacted": False,
+        }
+        beliefs.append(belief)
+        hidden = {**belief, "key": None, "value": None, "salt": None}
+        sealed.append({**hidden, "sealed": _seal(memory, row.subject_ref, [rec.key, rec.text, salt])})
+    check_writable(memory, refs, for_legal_claim=for_legal_claim)
+    # The summary key is a data key like a subject's, under a blind reference of the tenant.
+    memory.keys.key_for_subject(memory.tenant, _summary_key_ref(memory))
+    now = memory._clock()
+    body = {
+        "format": FORMAT,
+        "id": memory._ids.new(),
+        "store": memory.backend.store_id,
+        "tenant": memory.tenant,
+        "space": {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id},
+        "time": now,
+        "actor": memory.principal.id,
+        "summary": summary.strip(),
+        "beliefs": beliefs,
+        "redactions": [],
+    }
+    stored = {**body, "summary": _seal(memory, _summary_key_ref(memory), body["summary"]), "beliefs": sealed}
+    digest = _store(memory, body, stored, space, ids, replace=False)
+    events.append(
+        (Entry(EventType.DECISION, now, {"tenant": memory.tenant, "decision": body["id"], "hash": digest}), None)
+    )
+    return Decision(body, digest, f"{signer.name}+{signer.key_id.hex()}")
+
+
+def _store(
+    memory: Memory, body: dict[str, Any], stored: dict[str, Any], space: Space, uses: Sequence[str], *, replace: bool
+) -> str:
+    signer = memory.log.signer
+    assert signer is not None
+    message = canonical(body)
+    memory.backend.put_decision(
+        {
+            "tenant": memory.tenant,
+            "id": body["id"],
+            "user_id": space.user_id,
+            "agent_id": space.agent_id,
+            "run_id": space.run_id,
+            "created_at": body["time"],
+            "body": canonical(stored),
+            "key_id": signer.key_id.hex(),
+            "signature": signer.sign_bytes(CONTEXT + message),
+            "hash": hashlib.sha256(message).digest(),
+        },
+        uses,
+        replace=replace,
+    )
+    return hashlib.sha256(message).hexdigest()
+
+
+def _open(memory: Memory, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the signed body, the stored form) of a snapshot row."""
+    stored = json.loads(bytes(row["body"]))
+    beliefs = []
+    for belief in stored["beliefs"]:
+        plain = {k: v for k, v in belief.items() if k != "sealed"}
+        if not belief["redacted"]:
+            plain["key"], plain["value"], plain["salt"] = _unseal(memory, belief["sealed"])
+        beliefs.append(plain)
+    body = {**stored, "summary": _unseal(memory, stored["summary"]), "beliefs": beliefs}
+    return body, stored
+
+
+def explain(memory: Memory, decision_id: str, space: Space, verifiers: Iterable[Verifier]) -> Decision:
+    row = memory.backend.decision(memory.tenant, decision_id) if isinstance(decision_id, str) else None
+    if row is None or Space(row["user_id"], row["agent_id"], row["run_id"]) != space:
+        raise NotFoundError(f"no decision {decision_id!r} in this space")
+    return _verified(memory, decision_id, row, verifiers)
+
+
+def explain_any(memory: Memory, decision_id: str, verifiers: Iterable[Verifier]) -> Decision:
+    """:func:`explain` in whatever space the decision was made (for exports, which
+    show only the beliefs about what they export)."""
+    row = memory.backend.decision(memory.tenant, decision_id)
+    if row is None:
+        raise NotFoundError(f"no decision {decision_id!r}")
+    return _verified(memory, decision_id, row, verifiers)
+
+
+def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: Iterable[Verifier]) -> Decision:
+    body, _ = _open(memory, row)
+    message = canonical(body)
+    space = {"user_id": row["user_id"], "agent_id": row["agent_id"], "run_id": row["run_id"]}
+    # Numbered like every verification: which check failed is what the caller needs.
+    if hashlib.sha256(message).digest() != bytes(row["hash"]):
+        raise IntegrityError(f"decision {decision_id}: check 1 (hash) failed: the stored body was altered")
+    signer = next((v for v in verifiers if v.key_id.hex() == row["key_id"]), None)
+    if signer is None or not signer.verify_bytes(CONTEXT + message, bytes(row["signature"])):
+        raise IntegrityError(f"decision {decision_id}: check 2 (signature) failed")
+    if (body.get("id"), body.get("tenant"), body.get("space")) != (decision_id, memory.tenant, space):
+        raise IntegrityError(f"decision {decision_id}: check 3 (identity) failed: the row holds another decision")
+    return Decision(body, hashlib.sha256(message).hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
+
+
+def redact(
+    memory: Memory, erased: Sequence[str], request_id: str, now: int, events: Events, *, by: str = "erasure"
+) -> int:
+    """Blank the erased records in every snapshot that used them and re-sign it.
+
+    Inside the hard delete's transaction (an erasure's, before any key is destroyed,
+    or a rectification's). Returns how many snapshots were redacted."""
+    gone = set(erased)
+    redacted = 0
+    for decision_id in memory.backend.decisions_using(memory.tenant, gone):
+        row = memory.backend.decision(memory.tenant, decision_id)
+        assert row is not None
+        body, stored = _open(memory, row)
+        previous = hashlib.sha256(canonical(body)).hexdigest()
+        hit = sorted(b["record"] for b in body["beliefs"] if b["record"] in gone and not b["redacted"])
+        if not hit:
+            continue
+        blank = {"key": None, "value": None, "salt": None, "redacted": True}
+        new_beliefs = [{**b, **blank} if b["record"] in gone else b for b in body["beliefs"]]
+        new_sealed = [
+            {**{k: v for k, v in b.items() if k != "sealed"}, **blank} if b["record"] in gone else b
+            for b in stored["beliefs"]
+        ]
+        redaction = {"by": by, "request": request_id, "records": hit, "time": now, "previous": previous}
+        body = {**body, "beliefs": new_beliefs, "redactions": [*body["redactions"], redaction]}
+        stored = {**stored, "beliefs": new_sealed, "redactions": body["redactions"]}
+        space = Space(row["user_id"], row["agent_id"], row["run_id"])
+        digest = _store(memory, body, stored, space, (), replace=True)
+        fields = {
+            "tenant": memory.tenant,
+            "decision": decision_id,
+            "old": previous,
+            "new": digest,
+            "request": request_id,
+        }
+        events.append((Entry(EventType.REDACT, now, fields), None))
+        redacted += 1
+    return redacted
