@@ -239,3 +239,17 @@ def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[st
     assert "remember" in actions
     verified = httpx.get(f"{base_url}/v1/audit/verify", headers=admin).json()
     assert verified["verdict"] == "PASS"
+
+
+def test_decisions_are_signed_and_redacted_on_erasure(client: Client) -> None:
+    space = Space("decider")
+    used = client.remember("Refunds within 30 days", subject="refund_window", space=space)
+    decision = client.record_decision("Refund order #91", [used["id"]], space=space)
+    decision_id = decision["decision"]["id"]
+    explained = client.explain_decision(decision_id, space=space)
+    assert explained["signature"] == "verified"
+    assert explained["decision"]["beliefs"][0]["value"] == "Refunds within 30 days"
+    erased = client.erase("refund_window", request_id="DEC-1", scope=SpaceFilter("decider"))
+    assert erased["counts"]["decisions_redacted"] == 1
+    belief = client.explain_decision(decision_id, space=space)["decision"]["beliefs"][0]
+    assert (belief["redacted"], belief["value"]) == (True, None)

@@ -38,6 +38,7 @@ READ_ONLY = {
     "verify_log",
     "verify_audit",
     "export_public_key",
+    "explain_decision",
 }
 DESTRUCTIVE = {"delete", "delete_all", "purge_expired", "rectify"}
 
@@ -63,7 +64,7 @@ async def _tour(session: ClientSession) -> None:
     """Every tool, through the session, as an agent would use them."""
     await session.initialize()
     tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-    assert READ_ONLY | DESTRUCTIVE | {"remember", "forget", "restrict"} <= set(tools)
+    assert READ_ONLY | DESTRUCTIVE | {"remember", "forget", "restrict", "record_decision"} <= set(tools)
     hints = {name: tool.annotations for name, tool in tools.items() if tool.annotations is not None}
     assert {name for name, hint in hints.items() if hint.read_only_hint} == READ_ONLY
     assert {name for name, hint in hints.items() if hint.destructive_hint} == DESTRUCTIVE
@@ -92,10 +93,21 @@ async def _tour(session: ClientSession) -> None:
     exported = await _data(session, "export_memory", user_id="c1")
     assert exported["counts"]["records"] == 3
 
+    decided = await _call(session, "record_decision", summary="Refund order #91", used=[record["id"]], user_id="c1")
+    decision_id = decided.structured_content["decision"]["id"] if decided.structured_content else ""
+    assert _text(decided) == f"Recorded decision {decision_id} using 1 belief(s); explain it with explain_decision."
+    explained = await _call(session, "explain_decision", decision_id=decision_id, user_id="c1")
+    assert f"{record['id']}: Refunds within 30 days" in _text(explained)
+
     plan = await _data(session, "delete", subject="refund_window", user_id="c1", dry_run=True)
     assert plan["plan"]["total"] == 1
     erased = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-1")
-    assert _text(erased).startswith("Erased 1 record(s) for 'refund_window'.\n  1 data key(s) destroyed;")
+    assert _text(erased).startswith(
+        "Erased 1 record(s) for 'refund_window'; redacted its values from 1 decision snapshot(s).\n"
+        "  1 data key(s) destroyed;"
+    )
+    explained = await _call(session, "explain_decision", decision_id=decision_id, user_id="c1")
+    assert f"{record['id']}: [redacted: erased]" in _text(explained)
     none = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-2")
     assert _text(none) == "No records found for 'refund_window'."
     status = await _call(session, "erasure_status", request_id="DEL-1")

@@ -244,10 +244,35 @@ class Client:
         return result
 
     def purge(
-        self, *, older_than_days: float | None = None, request_id: str | None = None, dry_run: bool = False
+        self,
+        *,
+        older_than_days: float | None = None,
+        request_id: str | None = None,
+        dry_run: bool = False,
+        issue_token: bool = False,
+        confirmation: str | None = None,
     ) -> dict[str, Any]:
-        body = {"older_than_days": older_than_days, "request_id": request_id, "dry_run": dry_run}
+        body = {
+            "older_than_days": older_than_days,
+            "request_id": request_id,
+            "dry_run": dry_run,
+            "issue_token": issue_token,
+            "confirmation": confirmation,
+        }
         result: dict[str, Any] = self._call("POST", "/v1/purge", body=_drop_none(body))
+        return result
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def record_decision(
+        self, summary: str, used: Iterable[str], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
+    ) -> dict[str, Any]:
+        body = {"summary": summary, "used": builtins.list(used), "for_legal_claim": for_legal_claim, **_space(space)}
+        result: dict[str, Any] = self._call("POST", "/v1/decisions", body=body)
+        return result
+
+    def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/decisions/{decision_id}", params=_space(space))
         return result
 
     # -- restriction (Art. 18), export (Art. 15/20) -----------------------------------------

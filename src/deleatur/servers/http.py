@@ -123,6 +123,14 @@ class PurgeBody(_Body):
     older_than_days: float | None = None
     request_id: str | None = None
     dry_run: bool = False
+    issue_token: bool = False
+    confirmation: str | None = Field(default=None, description="The token a dry run issued (agents must present one).")
+
+
+class DecisionBody(SpaceBody):
+    summary: str = Field(description="What was decided; describe the decision, do not name people in it.")
+    used: list[str] = Field(description="Ids of the records (beliefs) the decision used.")
+    for_legal_claim: bool = False
 
 
 class RestrictBody(_Body):
@@ -472,9 +480,33 @@ def create_app(
     async def purge(body: PurgeBody) -> Response:
         """Art. 5(1)(e): hard-delete expired records (and those older than older_than_days)."""
         result = await serve(
-            lambda m: m.purge(older_than_days=body.older_than_days, request_id=body.request_id, dry_run=body.dry_run)
+            lambda m: m.purge(
+                older_than_days=body.older_than_days,
+                request_id=body.request_id,
+                dry_run=body.dry_run,
+                issue_token=body.issue_token,
+                confirmation=body.confirmation,
+            )
         )
         return JSONResponse(_plan(result)) if result.request is None else _erasure_accepted(result)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    @app.post("/v1/decisions", status_code=201, tags=["decisions"])
+    async def record_decision(body: DecisionBody) -> dict[str, Any]:
+        """Sign and keep a snapshot of exactly the beliefs a decision used."""
+        return await serve(
+            lambda m: m.record_decision(
+                body.summary, body.used, space=body.space(), for_legal_claim=body.for_legal_claim
+            ).to_json()
+        )
+
+    @app.get("/v1/decisions/{decision_id}", tags=["decisions"])
+    async def explain_decision(
+        decision_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
+    ) -> dict[str, Any]:
+        """The snapshot, its hash and signature checked; erased beliefs appear redacted."""
+        return await serve(lambda m: m.explain_decision(decision_id, space=space(user_id, agent_id, run_id)).to_json())
 
     # -- restriction, export -------------------------------------------------------------
 

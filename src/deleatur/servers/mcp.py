@@ -74,12 +74,15 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     request = result.request
     records = request.counts.get("records", 0)
     again = "Already done: " if result.repeated else ""
+    redacted = request.counts.get("decisions_redacted", 0)
     if not records:
         text = f"{again}No records found for {what}."
     elif account:
-        text = f"{again}Erased all memory for {what} ({records} record(s))."
+        also = f"; values redacted from {redacted} decision snapshot(s)" if redacted else ""
+        text = f"{again}Erased all memory for {what} ({records} record(s)){also}."
     else:
-        text = f"{again}Erased {records} record(s) for {what}."
+        also = f"; redacted its values from {redacted} decision snapshot(s)" if redacted else ""
+        text = f"{again}Erased {records} record(s) for {what}{also}."
     if records:
         text += (
             f"\n  {request.counts.get('keys_destroyed', 0)} data key(s) destroyed; request {request.id} is"
@@ -345,11 +348,16 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         return call(ctx, run)
 
     @server.tool(annotations=DESTRUCTIVE)
-    def purge_expired(ctx: Ctx, older_than_days: float | None = None, dry_run: bool = False) -> CallToolResult:
-        """Art. 5(1)(e): hard-delete expired records, and with older_than_days those written earlier."""
+    def purge_expired(
+        ctx: Ctx, older_than_days: float | None = None, dry_run: bool = False, confirmation: str | None = None
+    ) -> CallToolResult:
+        """Art. 5(1)(e): hard-delete expired records, and with older_than_days those written earlier.
+        A dry run shows what would go and issues the confirmation token agents must present."""
 
         def run(memory: Memory) -> CallToolResult:
-            result = memory.purge(older_than_days=older_than_days, dry_run=dry_run)
+            result = memory.purge(
+                older_than_days=older_than_days, dry_run=dry_run, issue_token=dry_run, confirmation=confirmation
+            )
             if result.request is None:
                 return _erasure(result, "expiry")
             records = result.request.counts.get("records", 0)
@@ -366,6 +374,36 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         def run(memory: Memory) -> CallToolResult:
             restriction = memory.restrict(subject, reason=reason, actor=memory.principal.name)
             return _ok(f"Restricted processing of '{subject}'.", restriction.to_json())
+
+        return call(ctx, run)
+
+    @server.tool(annotations=ADDITIVE)
+    def record_decision(
+        ctx: Ctx, summary: str, used: list[str], user_id: str = "default", agent_id: str = "", run_id: str = ""
+    ) -> CallToolResult:
+        """Sign and keep a snapshot of exactly the memories (by id) a decision used."""
+
+        def run(memory: Memory) -> CallToolResult:
+            decision = memory.record_decision(summary, used, space=Space(user_id, agent_id, run_id))
+            beliefs = len(decision.body["beliefs"])
+            text = f"Recorded decision {decision.id} using {beliefs} belief(s); explain it with explain_decision."
+            return _ok(text, decision.to_json())
+
+        return call(ctx, run)
+
+    @server.tool(annotations=READ_ONLY)
+    def explain_decision(
+        ctx: Ctx, decision_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
+    ) -> CallToolResult:
+        """A decision's snapshot, its hash and signature checked; erased beliefs appear redacted."""
+
+        def run(memory: Memory) -> CallToolResult:
+            decision = memory.explain_decision(decision_id, space=Space(user_id, agent_id, run_id))
+            lines = [f"Decision {decision.id}: {decision.body['summary']} (signature verified, {decision.signed_by})"]
+            for belief in decision.body["beliefs"]:
+                value = "[redacted: erased]" if belief["redacted"] else belief["value"]
+                lines.append(f"  {belief['record']}: {value}")
+            return _ok("\n".join(lines), decision.to_json())
 
         return call(ctx, run)
 
