@@ -138,6 +138,16 @@ def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[st
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
+def test_names_with_url_characters(client: Client) -> None:
+    odd = "Zoë / O'Brien? #2 %41"
+    client.remember("odd name", subject=odd, space=Space("odd/user?#"))
+    client.restrict(odd, reason="check")
+    client.unrestrict(odd)
+    erased = client.erase(odd, request_id="ODD-1")
+    assert erased["counts"]["records"] == 1
+    assert client.erase_all(user_id="odd/user?#", request_id="ODD-2")["counts"]["records"] == 0
+
+
 def test_account_erasure_and_status(client: Client) -> None:
     client.remember("a", subject="S1", space=Space("acct-9", agent_id="x"))
     client.remember("b", subject="S2", space=Space("acct-9"))

@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, TextIO
+from urllib.parse import quote
 
 import httpx
 
@@ -31,6 +32,11 @@ DEFAULT_BASIS = "Art. 17"
 
 def _space(space: Space) -> dict[str, str]:
     return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+
+
+def _segment(value: str) -> str:
+    """A path segment: a subject or user id may hold '/', '?' or '#'."""
+    return quote(value, safe="")
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,7 +124,7 @@ class Client:
         return hits
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/memories/{record_id}", params=_space(space))
+        result: dict[str, Any] = self._call("GET", f"/v1/memories/{_segment(record_id)}", params=_space(space))
         return result
 
     def list(
@@ -172,7 +178,7 @@ class Client:
         return result
 
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/memories/{record_id}/receipt", params=_space(space))
+        result: dict[str, Any] = self._call("GET", f"/v1/memories/{_segment(record_id)}/receipt", params=_space(space))
         return result
 
     # -- erasure (Art. 17) --------------------------------------------------------------
@@ -195,7 +201,7 @@ class Client:
             return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
         params = {"basis": basis, "allow_ambiguous": allow_ambiguous, "confirmation": confirmation, **scope.to_json()}
         result: dict[str, Any] = self._call(
-            "DELETE", f"/v1/subjects/{subject}", params=params, headers=_idempotency(request_id)
+            "DELETE", f"/v1/subjects/{_segment(subject)}", params=params, headers=_idempotency(request_id)
         )
         return result
 
@@ -215,7 +221,7 @@ class Client:
             return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
         params = {"basis": basis, "agent_id": agent_id, "run_id": run_id, "confirmation": confirmation}
         result: dict[str, Any] = self._call(
-            "DELETE", f"/v1/users/{user_id}", params=params, headers=_idempotency(request_id)
+            "DELETE", f"/v1/users/{_segment(user_id)}", params=params, headers=_idempotency(request_id)
         )
         return result
 
@@ -225,7 +231,7 @@ class Client:
 
     def erasure_request(self, request_id: str) -> dict[str, Any]:
         """Status and phases, with timestamps."""
-        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{request_id}")
+        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{_segment(request_id)}")
         return result
 
     def erasure_requests(self) -> builtins.list[dict[str, Any]]:
@@ -233,7 +239,7 @@ class Client:
         return requests
 
     def certificate(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{request_id}/certificate")
+        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{_segment(request_id)}/certificate")
         return result
 
     def verify_certificate(
@@ -272,7 +278,7 @@ class Client:
         return result
 
     def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/decisions/{decision_id}", params=_space(space))
+        result: dict[str, Any] = self._call("GET", f"/v1/decisions/{_segment(decision_id)}", params=_space(space))
         return result
 
     # -- restriction (Art. 18), export (Art. 15/20) -----------------------------------------
@@ -282,7 +288,7 @@ class Client:
         return result
 
     def unrestrict(self, subject: str) -> None:
-        self._call("DELETE", f"/v1/restrictions/{subject}")
+        self._call("DELETE", f"/v1/restrictions/{_segment(subject)}")
 
     def restrictions(self) -> builtins.list[dict[str, Any]]:
         restrictions: builtins.list[dict[str, Any]] = self._call("GET", "/v1/restrictions")["restrictions"]

@@ -67,7 +67,7 @@ def serve_mcp(
 ) -> None:
     """An MCP server: over stdio for a local client (as the local operator, or as the
     principal of --api-key), or streamable HTTP at /mcp (bearer API keys)."""
-    pool = HandlePool(_opener())
+    pool = HandlePool(_opener(), limit=DEFAULT_HANDLES)
     if Options.api_key is not None:
         with pool.lease() as memory:
             memory.authenticate(Options.api_key)  # a wrong key fails here, not on every call

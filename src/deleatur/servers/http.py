@@ -399,7 +399,7 @@ def create_app(
         )
         return _erasure_accepted(result)
 
-    @app.delete("/v1/users/{user_id}", status_code=202, tags=["erasure"])
+    @app.delete("/v1/users/{user_id:path}", status_code=202, tags=["erasure"])
     async def erase_all(
         user_id: str,
         idempotency_key: Idempotency = None,

@@ -359,7 +359,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 older_than_days=older_than_days, dry_run=dry_run, issue_token=dry_run, confirmation=confirmation
             )
             if result.request is None:
-                return _erasure(result, "expiry")
+                return _erasure(result, "the retention policy")
             records = result.request.counts.get("records", 0)
             age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
             data = {"request": result.request.to_json(system_clock())}
