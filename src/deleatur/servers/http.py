@@ -280,9 +280,6 @@ def create_app(
 
         return await anyio.to_thread.run_sync(run, limiter=workers)
 
-    def space(user_id: str, agent_id: str, run_id: str) -> Space:
-        return Space(user_id, agent_id, run_id)
-
     # -- memories --------------------------------------------------------------------
 
     @app.post("/v1/memories", status_code=201, tags=["memories"])
@@ -312,12 +309,12 @@ def create_app(
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
-        hits = await serve(lambda m: m.recall(q, space=space(user_id, agent_id, run_id), limit=limit))
+        hits = await serve(lambda m: m.recall(q, space=Space(user_id, agent_id, run_id), limit=limit))
         return {"hits": [{**h.record.to_json(), "score": h.score} for h in hits]}
 
     @app.get("/v1/memories/{record_id}", tags=["memories"])
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        return await serve(lambda m: m.get(record_id, space=space(user_id, agent_id, run_id)).to_json())
+        return await serve(lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json())
 
     @app.get("/v1/memories", tags=["memories"])
     async def list_(
@@ -330,7 +327,7 @@ def create_app(
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Records of one space, oldest first (active ones unless ``history``)."""
-        where = space(user_id, agent_id, run_id)
+        where = Space(user_id, agent_id, run_id)
         records = await serve(
             lambda m: [
                 r.to_json() for r in m.list(space=where, subject=subject, key=key, include_history=history, limit=limit)
@@ -341,7 +338,7 @@ def create_app(
     @app.get("/v1/history", tags=["memories"])
     async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
         """Every version of a key, oldest first."""
-        records = await serve(lambda m: m.history(key, space=space(user_id, agent_id, run_id)))
+        records = await serve(lambda m: m.history(key, space=Space(user_id, agent_id, run_id)))
         return {"records": [r.to_json() for r in records]}
 
     @app.post("/v1/forget", tags=["memories"])
@@ -369,7 +366,7 @@ def create_app(
         record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
     ) -> dict[str, Any]:
         """A signed write receipt, verifiable later with the public key alone."""
-        return await serve(lambda m: m.receipt(record_id, space=space(user_id, agent_id, run_id)).to_json())
+        return await serve(lambda m: m.receipt(record_id, space=Space(user_id, agent_id, run_id)).to_json())
 
     # -- erasure (Art. 17) -------------------------------------------------------------
 
@@ -506,7 +503,7 @@ def create_app(
         decision_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
     ) -> dict[str, Any]:
         """The snapshot, its hash and signature checked; erased beliefs appear redacted."""
-        return await serve(lambda m: m.explain_decision(decision_id, space=space(user_id, agent_id, run_id)).to_json())
+        return await serve(lambda m: m.explain_decision(decision_id, space=Space(user_id, agent_id, run_id)).to_json())
 
     # -- restriction, export -------------------------------------------------------------
 
