@@ -96,7 +96,12 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     """The MCP server over ``pool``'s store. Over stdio it acts as the local operator,
     or as the principal of ``local_api_key`` (an agent's own, narrower key)."""
     server: MCPServer[Any] = MCPServer(
-        "deleatur", version=__version__, instructions=INSTRUCTIONS, warn_on_duplicate_tools=False
+        "deleatur",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        warn_on_duplicate_tools=False,
+        # Session ids and transport chatter at INFO would fill an MCP client's log pane.
+        log_level="WARNING",
     )
 
     def call(ctx: Ctx, run: Callable[[Memory], CallToolResult]) -> CallToolResult:
