@@ -99,7 +99,6 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         "deleatur",
         version=__version__,
         instructions=INSTRUCTIONS,
-        warn_on_duplicate_tools=False,
         # Session ids and transport chatter at INFO would fill an MCP client's log pane.
         log_level="WARNING",
     )
