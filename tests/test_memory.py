@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -309,3 +310,35 @@ def test_recall_scores_are_fts5_bm25(memory: Memory) -> None:
     ).fetchall()
     assert len(rows) == 4
     assert all(ours == pytest.approx(theirs, rel=1e-9) for ours, theirs in rows)
+
+
+def test_a_batch_superseding_its_own_rows_recalls_only_the_survivors(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory.remember("phone zebra", subject="a", key="a::phone")
+    batch = memory.remember_many(
+        [
+            NewMemory("phone giraffe", subject="a", key="a::phone"),
+            NewMemory("unrelated okapi", subject="b"),
+            NewMemory("phone hippo", subject="a", key="a::phone"),
+        ]
+    )
+    assert [h.record.id for h in memory.recall("phone")] == [batch[2].id]
+    assert memory.recall("zebra") == [] and memory.recall("giraffe") == []
+    assert [h.record.id for h in memory.recall("okapi")] == [batch[1].id]
+    # A batch that fails after superseding a value leaves the index as it was.
+    write = memory._write
+    calls: list[int] = []
+
+    def failing_write(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(memory, "_write", failing_write)
+    with pytest.raises(RuntimeError):
+        memory.remember_many([NewMemory("phone lion", subject="a", key="a::phone"), NewMemory("x", subject="a")])
+    monkeypatch.undo()
+    assert [h.record.id for h in memory.recall("phone")] == [batch[2].id]
+    assert memory.recall("lion") == []

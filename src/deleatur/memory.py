@@ -529,7 +529,7 @@ class Memory:
         self._check_lineage(batch)
         seen = self.backend.data_version()
         keys = self._data_keys(batch)
-        with self._logged() as events:
+        with self._logged() as events, self.backend.deferred_index():
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)

@@ -56,6 +56,11 @@ class Backend(Protocol):
         """One write transaction; everything inside commits together or not at all."""
         ...
 
+    def deferred_index(self) -> AbstractContextManager[None]:
+        """Inside ``atomic``: the index writes of ``insert_many`` and ``unindex`` are made
+        together when it exits (not at all if it raises); the index is not read meanwhile."""
+        ...
+
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         """Insert rows, each with the text its index entry gets (active rows only)."""
         ...

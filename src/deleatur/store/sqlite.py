@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,8 @@ class SQLiteBackend:
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
         conn.register_fts5_function(_BM25, _bm25)
+        # Index deletions and insertions held back by deferred_index(), as (rowid, text).
+        self._deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] | None = None
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -142,6 +144,29 @@ class SQLiteBackend:
 
     def atomic(self) -> AbstractContextManager[None]:
         return immediate(self._conn)
+
+    @contextmanager
+    def deferred_index(self) -> Iterator[None]:
+        """Inside ``atomic``: hold the index writes back, then make them all at the end,
+        deletions first, each kind in rowid order; a row both added and removed meanwhile
+        never enters the index. FTS5 flushes its pending terms to a new segment whenever
+        a write's rowid is below the previous one's, so a supersession among inserts
+        would otherwise cost one flush, and later merges, each."""
+        deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] = ([], [])
+        self._deferred = deferred
+        try:
+            yield
+        finally:
+            self._deferred = None
+        deletes, inserts = deferred
+        added = {rowid for rowid, _ in inserts}
+        removed = {rowid for rowid, _ in deletes}
+        self._conn.executemany(
+            "INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", sorted(d for d in deletes if d[0] not in added)
+        )
+        self._conn.executemany(
+            "INSERT INTO ft(rowid, body) VALUES (?, ?)", sorted(i for i in inserts if i[0] not in removed)
+        )
 
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
@@ -176,10 +201,11 @@ class SQLiteBackend:
         lineage = [(row.id, parent) for row, _ in rows for parent in row.derived_from]
         if lineage:
             self._conn.executemany("INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", lineage)
-        self._conn.executemany(
-            "INSERT INTO ft(rowid, body) VALUES (?, ?)",
-            [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE],
-        )
+        indexed = [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE]
+        if self._deferred is not None:
+            self._deferred[1].extend(indexed)
+        else:
+            self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", indexed)
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> StoredRow | None:
         found = self._conn.execute(sql, args).fetchone()
@@ -216,6 +242,12 @@ class SQLiteBackend:
         )
 
     def unindex(self, record_id: str, *, index_text: str) -> None:
+        if self._deferred is not None:
+            self._deferred[0].extend(
+                (int(rowid), index_text)
+                for (rowid,) in self._conn.execute("SELECT rowid FROM records WHERE id = ?", (record_id,))
+            )
+            return
         self._conn.execute(
             "INSERT INTO ft(ft, rowid, body) SELECT 'delete', rowid, ? FROM records WHERE id = ?",
             (index_text, record_id),
