@@ -12,7 +12,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -529,7 +529,10 @@ class Memory:
         self._check_lineage(batch)
         seen = self.backend.data_version()
         keys = self._data_keys(batch)
-        with self._logged() as events, self.backend.deferred_index():
+        # A batch makes its index writes at its end (see deferred_index); one write gains
+        # nothing from that and would pay for the bookkeeping.
+        deferred: AbstractContextManager[None] = self.backend.deferred_index() if len(batch) > 1 else nullcontext()
+        with self._logged() as events, deferred:
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
