@@ -15,6 +15,7 @@ from .conftest import store_files
 
 SECRET = "zqxjvplumbusquark"
 RECTIFIED = "wrongvaluexylophonics"
+SHORT_LIVED = "okapiquillfernwhistle"
 
 
 def _raw(store_path: Path) -> bytes:
@@ -67,6 +68,26 @@ def test_retired_and_superseded_values_leave_the_index(memory: Memory, store_pat
     assert SECRET not in _vocabulary(store_path)
     assert SECRET.encode() not in _raw(store_path)
     assert memory.get(record.id).text == f"temporary {SECRET}"
+
+
+def test_values_superseded_within_a_batch_leave_the_index(memory: Memory, store_path: Path) -> None:
+    # remember_many makes its index writes at the end of the batch: the deletion of an
+    # earlier value, and nothing at all for a value both written and superseded in it.
+    _fill(memory, 500)
+    memory.remember(f"first {SECRET}", subject="a", key="a::code")
+    batch = memory.remember_many(
+        [
+            NewMemory(f"second {SHORT_LIVED}", subject="a", key="a::code"),
+            NewMemory("ordinary filler", subject="b"),
+            NewMemory("third value", subject="a", key="a::code"),
+        ]
+    )
+    memory.backend.scrub()
+    for word in (SECRET, SHORT_LIVED):
+        assert word not in _vocabulary(store_path)
+        assert word.encode() not in _raw(store_path)
+    assert [h.record.id for h in memory.recall("value")] == [batch[2].id]
+    assert [r.text for r in memory.history("a::code")] == [f"first {SECRET}", f"second {SHORT_LIVED}", "third value"]
 
 
 def test_rectify_erase_previous_leaves_no_trace(memory: Memory, store_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,141 @@ def test_very_common_terms_give_way_to_rare_ones(memory: Memory, monkeypatch: py
     # Only common words: the newest matches come first.
     assert [h.record.id for h in memory.recall("common", limit=2)] == [newest.id, target.id]
     assert [h.record.text for h in memory.recall("Zébra")] == ["common words and one zebra"]
+
+
+def test_a_term_in_many_records_is_ranked_among_its_newest_matches(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deleatur.memory as memory_module
+
+    monkeypatch.setattr(memory_module, "_TERM_CANDIDATES", 5)
+    # The best BM25 match for "apple", but older than its 5 newest matches.
+    memory.remember("apple apple apple", subject="s")
+    memory.remember_many([NewMemory(f"apple and filler number {i}", subject="s") for i in range(20)])
+    newest = memory.remember_many([NewMemory(f"apple pie {i}", subject="s") for i in range(5)])
+    hits = memory.recall("apple", limit=3)
+    assert len(hits) == 3
+    assert {h.record.id for h in hits} <= {r.id for r in newest}
+    assert all(h.score > 0 for h in hits)
+    # A limit above the cap raises it: every one of the 26 matches is a candidate.
+    top = memory.recall("apple", limit=30)
+    assert len(top) == 26
+    assert top[0].record.text == "apple apple apple"
+
+
+def test_a_rare_term_finds_an_old_record_among_many_common_ones(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deleatur.memory as memory_module
+
+    monkeypatch.setattr(memory_module, "_TERM_CANDIDATES", 5)
+    target = memory.remember("apple and a zebra", subject="s")
+    memory.remember_many([NewMemory(f"apple filler {i}", subject="s") for i in range(30)])
+    newest = memory.remember_many([NewMemory(f"apple again {i}", subject="s") for i in range(5)])
+    hits = memory.recall("apple zebra", limit=4)
+    assert hits[0].record.id == target.id
+    # The rest are "apple" records, from among its 5 newest.
+    assert {h.record.id for h in hits[1:]} <= {r.id for r in newest}
+    assert len(hits) == 4
+
+
+def test_capped_recall_stays_in_its_space_and_honours_limit(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deleatur.memory as memory_module
+
+    monkeypatch.setattr(memory_module, "_TERM_CANDIDATES", 5)
+    alice, bob = Space("alice"), Space("bob")
+    mine = memory.remember_many([NewMemory(f"apple note {i}", subject="s") for i in range(8)], space=alice)
+    memory.remember_many([NewMemory(f"apple note {i}", subject="s") for i in range(30)], space=bob)
+    mine_ids = {r.id for r in mine}
+    for limit in (1, 3, 5, 8, 20):
+        hits = memory.recall("apple note", space=alice, limit=limit)
+        assert len(hits) == min(limit, 8)
+        assert {h.record.id for h in hits} <= mine_ids
+    assert {h.record.id for h in memory.recall("apple", space=alice, limit=20)} == mine_ids
+    assert all(h.record.space == bob for h in memory.recall("apple", space=bob, limit=50))
+
+
+def test_capped_recall_looks_further_back_when_the_newest_are_hidden(
+    memory: Memory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deleatur.memory as memory_module
+
+    monkeypatch.setattr(memory_module, "_TERM_CANDIDATES", 5)
+    kept = memory.remember_many([NewMemory(f"apple kept {i}", subject="s") for i in range(3)])
+    soon = clock.now + 1_000_000
+    memory.remember_many([NewMemory(f"apple gone {i}", subject="s", expires_at=soon) for i in range(6)])
+    memory.remember_many([NewMemory(f"apple hidden {i}", subject="restricted") for i in range(6)])
+    memory.restrict("restricted", reason="contested", actor="dpo")
+    clock.advance(2)
+    # The 12 newest "apple" records are expired or restricted: recall reaches past them.
+    assert {h.record.id for h in memory.recall("apple", limit=3)} == {r.id for r in kept}
+    assert {h.record.id for h in memory.recall("apple", limit=10)} == {r.id for r in kept}
+
+
+def test_recall_scores_are_fts5_bm25(memory: Memory) -> None:
+    from deleatur.store.sqlite import _BM25, SQLiteBackend
+
+    memory.remember_many(
+        [
+            NewMemory("the weather in Lyon is mild and the weather is kind", subject="w"),
+            NewMemory("Lyon Lyon is where Alice lives", subject="alice"),
+            NewMemory("Alice likes mild weather", subject="alice"),
+            NewMemory("nothing to see here at all, really nothing", subject="x"),
+            NewMemory("a long note " + "filler " * 30 + "about weather", subject="x"),
+        ]
+    )
+    backend = memory.backend
+    assert isinstance(backend, SQLiteBackend)
+    prefix = memory._scope_token(Space())
+    phrases = [f'"{prefix}{word}"' for word in ("weather", "lyon", "alice")]
+    query = " OR ".join(phrases)
+    # No term is capped here: recall gives FTS5's own ranking and scores.
+    hits = memory.recall("weather Lyon alice", limit=10)
+    expected = backend._conn.execute(
+        "SELECT r.id, -bm25(ft) FROM ft JOIN records r ON r.rowid = ft.rowid WHERE ft MATCH ? ORDER BY 2 DESC",
+        (query,),
+    ).fetchall()
+    assert [(h.record.id, pytest.approx(h.score, rel=1e-9)) for h in hits] == [tuple(row) for row in expected]
+    # Where a term is capped, recall scores with its own BM25, given the document
+    # frequencies: given the exact ones, it must agree with FTS5's bm25().
+    frequencies = [
+        backend._conn.execute("SELECT count(*) FROM ft WHERE ft MATCH ?", (phrase,)).fetchall()[0][0]
+        for phrase in phrases
+    ]
+    rows = backend._conn.execute(
+        f"SELECT {_BM25}(ft, ?, ?, ?), -bm25(ft) FROM ft WHERE ft MATCH ?", (*frequencies, query)
+    ).fetchall()
+    assert len(rows) == 4
+    assert all(ours == pytest.approx(theirs, rel=1e-9) for ours, theirs in rows)
+
+
+def test_a_batch_superseding_its_own_rows_recalls_only_the_survivors(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory.remember("phone zebra", subject="a", key="a::phone")
+    batch = memory.remember_many(
+        [
+            NewMemory("phone giraffe", subject="a", key="a::phone"),
+            NewMemory("unrelated okapi", subject="b"),
+            NewMemory("phone hippo", subject="a", key="a::phone"),
+        ]
+    )
+    assert [h.record.id for h in memory.recall("phone")] == [batch[2].id]
+    assert memory.recall("zebra") == [] and memory.recall("giraffe") == []
+    assert [h.record.id for h in memory.recall("okapi")] == [batch[1].id]
+    # A batch that fails after superseding a value leaves the index as it was.
+    write = memory._write
+    calls: list[int] = []
+
+    def failing_write(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(memory, "_write", failing_write)
+    with pytest.raises(RuntimeError):
+        memory.remember_many([NewMemory("phone lion", subject="a", key="a::phone"), NewMemory("x", subject="a")])
+    monkeypatch.undo()
+    assert [h.record.id for h in memory.recall("phone")] == [batch[2].id]
+    assert memory.recall("lion") == []

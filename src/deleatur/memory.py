@@ -14,7 +14,7 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -93,8 +93,11 @@ _NONCE = 12
 #: Single writes within this long of the last checkpoint share the next one.
 DEFAULT_CHECKPOINT_INTERVAL_US = 100_000
 _MAX_QUERY_TERMS = 32
-#: Query terms found in more records than this are dropped when rarer terms are present.
+#: A query made only of terms each found in more records than this returns the newest
+#: matches, unranked.
 _COMMON_TERM_DOCS = 10_000
+#: A query term found in more records than this counts only in its newest this many.
+_TERM_CANDIDATES = 250
 _MAX_RECALL = 1000
 # Word characters but "_", as FTS5's unicode61 tokenizer splits them.
 _TOKEN = re.compile(r"[^\W_]+")
@@ -837,7 +840,10 @@ class Memory:
         self._check_lineage(batch)
         seen = self.backend.data_version()
         keys = self._data_keys(batch)
-        with self._logged() as events:
+        # A batch makes its index writes at its end (see deferred_index); one write gains
+        # nothing from that and would pay for the bookkeeping.
+        deferred: AbstractContextManager[None] = self.backend.deferred_index() if len(batch) > 1 else nullcontext()
+        with self._logged() as events, deferred:
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
@@ -1307,7 +1313,15 @@ class Memory:
 
     @guarded("recall", R, in_space)
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> list[Hit]:
-        """Full-text search (BM25) over the active, unexpired records of one space."""
+        """Full-text search (BM25) over the active, unexpired, unrestricted records of one space.
+
+        The work is bounded per query word, not by the size of the store: a word found
+        in more than ``_TERM_CANDIDATES`` (250) records of the space counts only in its
+        newest matches (that many, or ``limit`` if larger), as if the index held no
+        older ones; a rarer word counts in every record that holds it. A query whose
+        every word is in more than ``_COMMON_TERM_DOCS`` (10,000) records returns the
+        newest matches, unranked (score 0).
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
         words = _TOKEN.findall(unicodedata.normalize("NFKC", query) if isinstance(query, str) else "")
@@ -1315,15 +1329,15 @@ class Memory:
             raise InvalidInputError("query has no searchable words")
         prefix = self._scope_token(space)
         wanted = list(dict.fromkeys(prefix + _fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
-        frequency = self.backend.term_documents(wanted, cap=_COMMON_TERM_DOCS)
-        # A term in very many records weighs almost nothing in BM25 but makes the index
-        # rank all of them: drop such terms when the query has rarer ones.
-        rare = [w for w in wanted if frequency.get(w, 0) <= _COMMON_TERM_DOCS]
-        # If every term is that common, ranking is near meaningless: newest matches first.
-        kept = rare or wanted
-        terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in kept)
-        fts = f"body:({terms})"
-        hits = self.backend.search(self.tenant, space, fts, now=self._clock(), limit=limit, recent_first=not rare)
+        hits = self.backend.search(
+            self.tenant,
+            space,
+            wanted,
+            now=self._clock(),
+            limit=limit,
+            common=_COMMON_TERM_DOCS,
+            per_term=_TERM_CANDIDATES,
+        )
         return [Hit(self._decrypt(row), score) for row, score in hits]
 
     @guarded("list", R, in_space)

@@ -56,6 +56,11 @@ class Backend(Protocol):
         """One write transaction; everything inside commits together or not at all."""
         ...
 
+    def deferred_index(self) -> AbstractContextManager[None]:
+        """Inside ``atomic``: the index writes of ``insert_many`` and ``unindex`` are made
+        together when it exits (not at all if it raises); the index is not read meanwhile."""
+        ...
+
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         """Insert rows, each with the text its index entry gets (active rows only)."""
         ...
@@ -74,11 +79,13 @@ class Backend(Protocol):
         ...
 
     def search(
-        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int, recent_first: bool = False
-    ) -> list[tuple[StoredRow, float]]: ...
-
-    def term_documents(self, terms: Sequence[str], *, cap: int) -> dict[str, int]:
-        """Index document frequency of each (already folded) term, counted up to ``cap + 1``."""
+        self, tenant: str, space: Space, terms: Sequence[str], *, now: int, limit: int, common: int, per_term: int
+    ) -> list[tuple[StoredRow, float]]:
+        """The best ``limit`` active, unexpired, unrestricted records of ``space`` holding
+        any of ``terms`` (folded, with the space's prefix), by BM25, higher first. A term
+        in more than ``per_term`` records (or ``limit``) counts only in its newest
+        ``per_term`` matches (more if too few of them are visible); if every term is in
+        more than ``common`` records, the newest matches come first, with score 0."""
         ...
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]: ...

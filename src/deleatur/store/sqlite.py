@@ -3,9 +3,10 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,49 @@ _INDEX_MASK = (1 << _LEVEL_SHIFT) - 1
 _SPACE = "r.tenant = ? AND r.user_id = ? AND r.agent_id = ? AND r.run_id = ?"
 
 
+# Recall's filter on a candidate record r (after the space's index terms matched it).
+_VISIBLE = (
+    f"{_SPACE} AND r.status = 'ACTIVE' AND (r.expires_at IS NULL OR r.expires_at > ?)"
+    " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
+)
+# BM25 with FTS5's constants, and the name recall's scorer is registered under.
+_K1 = 1.2
+_B = 0.75
+_BM25 = "deleatur_bm25"
+
+
+def _phrase(term: str) -> str:
+    """One index term as an FTS5 phrase of the body column: quoted, so it is never syntax."""
+    return 'body:"' + term.replace('"', '""') + '"'
+
+
+def _bm25(api: apsw.FTS5ExtensionApi, *frequencies: apsw.SQLiteValue) -> float:
+    """FTS5's bm25() (k1 = 1.2, b = 0.75; higher is better) of the current row, over the
+    first ``len(frequencies)`` phrases, given their document frequencies.
+
+    FTS5's own bm25() counts each phrase's documents by walking its whole doclist on
+    its first call, a cost that grows with the store; recall bounds it instead.
+    """
+    cached = api.aux_data
+    if cached is None:
+        rows = max(api.row_count, 1)
+        idf = []
+        for df in frequencies:
+            assert isinstance(df, int)
+            hits = min(df, rows)  # an estimate may exceed the count
+            # As FTS5 does: a term in over half the records still weighs a little.
+            idf.append(max(math.log((rows - hits + 0.5) / (hits + 0.5)), 1e-6))
+        api.aux_data = cached = (max(api.column_total_size(0) / rows, 1.0), idf)
+    average, idf = cached
+    norm = _K1 * (1 - _B + _B * api.column_size(0) / average)
+    score = 0.0
+    for phrase, weight in enumerate(idf):
+        tf = len(api.phrase_column_offsets(phrase, 0))
+        if tf:
+            score += weight * tf * (_K1 + 1) / (tf + norm)
+    return score
+
+
 def _row(values: tuple[Any, ...]) -> StoredRow:
     lineage = values[15]
     return StoredRow(
@@ -93,6 +137,9 @@ class SQLiteBackend:
         self._conn = conn
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
+        conn.register_fts5_function(_BM25, _bm25)
+        # Index deletions and insertions held back by deferred_index(), as (rowid, text).
+        self._deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] | None = None
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -110,6 +157,29 @@ class SQLiteBackend:
 
     def atomic(self) -> AbstractContextManager[None]:
         return immediate(self._conn)
+
+    @contextmanager
+    def deferred_index(self) -> Iterator[None]:
+        """Inside ``atomic``: hold the index writes back, then make them all at the end,
+        deletions first, each kind in rowid order; a row both added and removed meanwhile
+        never enters the index. FTS5 flushes its pending terms to a new segment whenever
+        a write's rowid is below the previous one's, so a supersession among inserts
+        would otherwise cost one flush, and later merges, each."""
+        deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] = ([], [])
+        self._deferred = deferred
+        try:
+            yield
+        finally:
+            self._deferred = None
+        deletes, inserts = deferred
+        added = {rowid for rowid, _ in inserts}
+        removed = {rowid for rowid, _ in deletes}
+        self._conn.executemany(
+            "INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", sorted(d for d in deletes if d[0] not in added)
+        )
+        self._conn.executemany(
+            "INSERT INTO ft(rowid, body) VALUES (?, ?)", sorted(i for i in inserts if i[0] not in removed)
+        )
 
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
@@ -144,10 +214,11 @@ class SQLiteBackend:
         lineage = [(row.id, parent) for row, _ in rows for parent in row.derived_from]
         if lineage:
             self._conn.executemany("INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", lineage)
-        self._conn.executemany(
-            "INSERT INTO ft(rowid, body) VALUES (?, ?)",
-            [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE],
-        )
+        indexed = [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE]
+        if self._deferred is not None:
+            self._deferred[1].extend(indexed)
+        else:
+            self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", indexed)
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> StoredRow | None:
         found = self._conn.execute(sql, args).fetchone()
@@ -184,32 +255,113 @@ class SQLiteBackend:
         )
 
     def unindex(self, record_id: str, *, index_text: str) -> None:
+        if self._deferred is not None:
+            self._deferred[0].extend(
+                (int(rowid), index_text)
+                for (rowid,) in self._conn.execute("SELECT rowid FROM records WHERE id = ?", (record_id,))
+            )
+            return
         self._conn.execute(
             "INSERT INTO ft(ft, rowid, body) SELECT 'delete', rowid, ? FROM records WHERE id = ?",
             (index_text, record_id),
         )
 
     def search(
-        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int, recent_first: bool = False
+        self, tenant: str, space: Space, terms: Sequence[str], *, now: int, limit: int, common: int, per_term: int
     ) -> list[tuple[StoredRow, float]]:
-        # Rank inside FTS5 first (its top-k sorter, in C), then look up only the best
-        # candidates; widen the window if expiry or restriction filtered too many out.
-        # ``recent_first`` takes the newest matches instead (FTS5 walks its doclist
-        # backwards and stops): for queries whose every term is in most records.
-        order = "rowid DESC" if recent_first else "score"
-        # bm25() walks every match of every term on its first call, so the recency
-        # path, which does not rank, reports no score rather than paying for one.
-        score = "0.0" if recent_first else "bm25(ft)"
-        outer = "r.rowid DESC" if recent_first else "c.score"
+        """BM25 over the records holding any of ``terms`` (already folded and prefixed),
+        with work bounded by ``per_term`` per term rather than by the store's size.
+
+        A term in more than ``per_term`` records (or ``limit``, if larger) is ranked as
+        if its postings were only its ``per_term`` newest matches: it brings those as
+        candidates and adds to the score of those records alone, and its document
+        frequency is estimated from how densely they fill the newest rowids. A rarer
+        term counts in full. If expiry or restriction hides too many candidates,
+        ``per_term`` grows eightfold and recall tries again. If every term is in more
+        than ``common`` records, the newest matches come first instead, unranked (score
+        0). Scores are "higher is better".
+        """
+        per_term = max(per_term, limit)
+        while True:
+            hits, capped = self._rank(tenant, space, terms, now=now, limit=limit, common=common, per_term=per_term)
+            if len(hits) == limit or not capped:
+                return hits
+            per_term *= 8
+
+    def _rank(
+        self, tenant: str, space: Space, terms: Sequence[str], *, now: int, limit: int, common: int, per_term: int
+    ) -> tuple[list[tuple[StoredRow, float]], bool]:
+        """One attempt of :meth:`search`; also says whether a term's candidates were capped."""
+        # Each doclist is walked newest-first and stops after per_term + 1 entries: the
+        # term's document frequency if it is rare, else where its newest matches begin.
+        counts: dict[str, int] = {}
+        floors: dict[str, int] = {}
+        for term in terms:
+            count, floor = self._conn.execute(
+                "SELECT count(*), coalesce(min(rowid), 0) FROM"
+                " (SELECT rowid FROM ft WHERE ft MATCH ? ORDER BY rowid DESC LIMIT ?)",
+                (_phrase(term), per_term + 1),
+            ).fetchall()[0]
+            assert isinstance(count, int) and isinstance(floor, int)
+            if count > per_term:
+                floors[term] = floor
+            elif count:
+                counts[term] = count
+        (newest,) = self._conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchall()[0]
+        assert isinstance(newest, int)
+        for term, floor in floors.items():
+            counts[term] = per_term * newest // max(newest - floor, 1)
+        if not counts:
+            return [], False
+        if all(count > common for count in counts.values()):
+            return self._newest(tenant, space, " OR ".join(map(_phrase, counts)), now=now, limit=limit), False
+        # A capped term is ranked as if its postings were only its newest matches: it
+        # brings those as candidates and adds to the score of those records only. So the
+        # rowids split into ranges, between one term's first newest match and the next's,
+        # and each range is one FTS5 cursor over the terms that count in it: every doclist
+        # is walked over at most its newest per_term entries (a rare one, whole).
+        rare = [term for term in counts if term not in floors]
+        bounds = sorted(set(floors.values()))
+        cursors: list[tuple[list[str], int, int]] = []
+        for low, high in zip([0, *bounds], [*bounds, newest], strict=True):
+            active = rare + [term for term, floor in floors.items() if floor <= low]
+            if active and low < high:
+                cursors.append((active, low, high))
+        # Where no capped term counts, FTS5's own bm25() (in C) gives the same score: its
+        # walk of each term's doclist to count it is then bounded too.
+        selects, args = [], []
+        for active, low, high in cursors:
+            frequencies = [counts[term] for term in active] if any(term in floors for term in active) else []
+            score = f"{_BM25}(ft, {', '.join('?' * len(frequencies))})" if frequencies else "-bm25(ft)"
+            selects.append(f"SELECT rowid, {score} AS score FROM ft WHERE ft MATCH ? AND rowid > ? AND rowid <= ?")
+            args += [*frequencies, " OR ".join(map(_phrase, active)), low, high]
+        union = " UNION ALL ".join(selects)
+        # Rank inside SQLite first, then read only the best candidates' rows; widen the
+        # window (up to every candidate) if expiry or restriction filtered too many out.
+        candidates = sum(counts[term] for term in rare) + per_term * len(floors)
         window = max(limit * 4, 32)
         while True:
             rows = self._conn.execute(
-                f"SELECT {_R_COLUMNS}, {_LINEAGE}, c.score FROM"
-                f" (SELECT rowid, {score} AS score FROM ft WHERE ft MATCH ? ORDER BY {order} LIMIT ?) c"
-                f" JOIN records r ON r.rowid = c.rowid WHERE {_SPACE} AND r.status = 'ACTIVE'"
-                " AND (r.expires_at IS NULL OR r.expires_at > ?)"
-                " AND r.subject_ref NOT IN (SELECT subject_ref FROM restrictions WHERE tenant = ?)"
-                f" ORDER BY {outer} LIMIT ?",
+                f"SELECT {_R_COLUMNS}, {_LINEAGE}, c.score FROM ({union} ORDER BY score DESC LIMIT ?) c"
+                f" CROSS JOIN records r ON r.rowid = c.rowid WHERE {_VISIBLE}"
+                " ORDER BY c.score DESC, r.rowid DESC LIMIT ?",
+                (*args, window, *_space_args(tenant, space), now, tenant, limit),
+            ).fetchall()
+            if len(rows) == limit or window >= candidates:
+                break
+            window *= 8
+        return [(_row(r[:16]), float(r[16] or 0.0)) for r in rows], bool(floors)
+
+    def _newest(
+        self, tenant: str, space: Space, fts_query: str, *, now: int, limit: int
+    ) -> list[tuple[StoredRow, float]]:
+        """The newest matches first (FTS5 walks its doclist backwards and stops), score 0."""
+        window = max(limit * 4, 32)
+        while True:
+            rows = self._conn.execute(
+                f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM"
+                " (SELECT rowid FROM ft WHERE ft MATCH ? ORDER BY rowid DESC LIMIT ?) c"
+                f" CROSS JOIN records r ON r.rowid = c.rowid WHERE {_VISIBLE} ORDER BY r.rowid DESC LIMIT ?",
                 (fts_query, window, *_space_args(tenant, space), now, tenant, limit),
             ).fetchall()
             if len(rows) == limit or window >= 1 << 30:
@@ -220,20 +372,7 @@ class SQLiteBackend:
             if matches <= window:
                 break  # every match was already considered
             window *= 8
-        # FTS5's bm25() is "lower is better"; callers get "higher is better".
-        return [(_row(r[:16]), -float(r[16] or 0.0)) for r in rows]
-
-    def term_documents(self, terms: Sequence[str], *, cap: int) -> dict[str, int]:
-        """How many indexed records hold each term, counted up to ``cap + 1`` (a
-        doclist walk that stops early; FTS5's vocabulary table scans instead)."""
-        out = {}
-        for term in terms:
-            phrase = '"' + term.replace('"', '""') + '"'
-            (count,) = self._conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM ft WHERE ft MATCH ? LIMIT ?)", (f"body:{phrase}", cap + 1)
-            ).fetchall()[0]
-            out[term] = int(count)  # type: ignore[arg-type]
-        return out
+        return [(_row(r), 0.0) for r in rows]
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]:
         sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE}"
