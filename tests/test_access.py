@@ -174,6 +174,12 @@ def test_every_operation_checks_capability_and_scope(memory: Memory, spec: Spec,
         assert entry.fields["error"] == denied.value.missing
         assert entry.fields["request"] == denied.value.request_id
         return
+    if role is Role.AGENT and spec.name == "rectify, erasing the old value":
+        with pytest.raises(AccessDeniedError, match="an agent may not hard-delete") as refused:
+            spec.run(view, world)
+        assert refused.value.missing == "confirmation"
+        assert len(memory.history("alice::drink", space=U1)) == 1  # nothing was erased
+        return
     if role is Role.AGENT and (spec.name.startswith("erase") or spec.name == "purge"):
         # Allowed, but an agent must first see the blast radius in a dry run.
         with pytest.raises(ConfirmationRequiredError):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from deleatur import AccessDeniedError, AuthenticationError, InvalidInputError, Memory, NotFoundError, Role
+from deleatur import AccessDeniedError, AuthenticationError, InvalidInputError, Memory, NewMemory, NotFoundError, Role
 from deleatur.client import Client
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.model import Space, SpaceFilter
@@ -263,3 +263,24 @@ def test_decisions_are_signed_and_redacted_on_erasure(client: Client) -> None:
     assert erased["counts"]["decisions_redacted"] == 1
     belief = client.explain_decision(decision_id, space=space)["decision"]["beliefs"][0]
     assert (belief["redacted"], belief["value"]) == (True, None)
+
+
+def test_client_list_follows_pages_to_the_end(tmp_path_factory: pytest.TempPathFactory) -> None:
+    opener = new_store(tmp_path_factory.mktemp("pages") / "mem.db")
+    with opener() as memory:
+        written = memory.remember_many(
+            [NewMemory(f"note {i}", subject="a") for i in range(2_345)], space=Space("pages")
+        )
+    key = api_key(opener, Role.VIEWER)
+    with serving(create_app(opener)) as url, Client(url, api_key=key) as remote:
+        everything = remote.list(space=Space("pages"))
+        assert [r["id"] for r in everything] == sorted(r.id for r in written)  # all of them, in order, once
+        assert len(remote.list(space=Space("pages"), limit=1_200)) == 1_200
+        page = httpx.get(
+            f"{url}/v1/memories",
+            params={"user_id": "pages", "limit": 1000, "after": everything[1999]["id"]},
+            headers={"Authorization": f"Bearer {key}"},
+        ).json()
+        assert len(page["records"]) == 345 and page["next"] is None
+        bad = httpx.get(f"{url}/v1/memories", params={"after": "nope"}, headers={"Authorization": f"Bearer {key}"})
+        assert bad.status_code == 422 and "not a record id" in bad.text

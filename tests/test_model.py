@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deleatur import InvalidInputError, NewMemory, Space, canonical_subject
-from deleatur.model import canonical_key, parse_metadata, validate_text
+from deleatur.model import canonical_key, parse_metadata, validate_metadata, validate_text
 
 
 def test_canonical_subject_folds_case_width_and_space() -> None:
@@ -65,3 +65,19 @@ def test_confidence_range() -> None:
     with pytest.raises(InvalidInputError, match="between 0 and 1"):
         NewMemory(text="t", subject="s", confidence=1.5)
     assert NewMemory(text="t", subject="s", confidence=1).confidence == 1.0
+
+
+@pytest.mark.parametrize("depth", [33, 300, 100_000])
+def test_metadata_nested_too_deep_is_refused(depth: int) -> None:
+    nested: dict[str, object] = {}
+    for _ in range(depth - 1):
+        nested = {"k": nested}
+    with pytest.raises(InvalidInputError, match="nested more than 32 levels"):
+        validate_metadata(nested)
+
+
+def test_metadata_nested_32_deep_is_kept() -> None:
+    nested: dict[str, object] = {"leaf": [1, 2]}  # the list is the 32nd level
+    for _ in range(30):
+        nested = {"k": nested}
+    assert validate_metadata(nested) == nested

@@ -30,6 +30,10 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_BASIS = "Art. 17"
 
 
+#: Records per page when following the server's list pages.
+_PAGE = 1000
+
+
 def _space(space: Space) -> dict[str, str]:
     return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
 
@@ -136,8 +140,18 @@ class Client:
         include_history: bool = False,
         limit: int | None = None,
     ) -> builtins.list[dict[str, Any]]:
-        params = {"subject": subject, "key": key, "history": include_history, "limit": limit, **_space(space)}
-        records: builtins.list[dict[str, Any]] = self._call("GET", "/v1/memories", params=params)["records"]
+        """Every record (or the first ``limit``), as the library's ``list``: the pages the
+        server hands out are followed to the end, never silently cut."""
+        params: dict[str, Any] = {"subject": subject, "key": key, "history": include_history, **_space(space)}
+        records: builtins.list[dict[str, Any]] = []
+        after = None
+        while limit is None or len(records) < limit:
+            page_size = _PAGE if limit is None else min(_PAGE, limit - len(records))
+            page = self._call("GET", "/v1/memories", params={**params, "limit": page_size, "after": after})
+            records += page["records"]
+            after = page["next"]
+            if after is None:
+                break
         return records
 
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[dict[str, Any]]:

@@ -1027,6 +1027,12 @@ class Memory:
         """
         if erase_previous and D not in self.principal.capabilities:
             raise self._deny("rectify --erase-previous hard-deletes: it needs the delete capability", D.value)
+        if erase_previous and self.principal.role is Role.AGENT:
+            # Agents hard-delete only what a dry run showed them, and this has no dry run.
+            raise self._deny(
+                "an agent may not hard-delete earlier values; a member or admin may, or erase with a dry-run token",
+                "confirmation",
+            )
         validate_text(text, self.max_text_bytes)
         if not reason or not reason.strip():
             raise InvalidInputError("rectify needs a reason")
@@ -1349,10 +1355,15 @@ class Memory:
         key: str | None = None,
         include_history: bool = False,
         limit: int | None = None,
+        after: str | None = None,
     ) -> Iterator[Record]:
         """Records of one space, oldest first, streamed; active ones unless ``include_history``.
-        The arguments are checked (and the call audited) when it is made, not when the
-        first record is read."""
+        ``after`` continues from a record id (pages for remote callers). The arguments are
+        checked (and the call audited) when it is made, not when the first record is read."""
+        if after is not None and not is_record_id(after):
+            raise InvalidInputError(f"after: {after!r} is not a record id")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidInputError("limit must be a positive number")
         where = RowFilter(
             tenant=self.tenant,
             space=space,
@@ -1360,6 +1371,7 @@ class Memory:
             key_ref=None if key is None else self._key_ref(space, canonical_key(key)),
             statuses=frozenset(Status) if include_history else frozenset({Status.ACTIVE}),
             limit=limit,
+            after=after,
         )
         return (self._decrypt(row) for row in self.backend.select(where))
 

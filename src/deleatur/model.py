@@ -109,6 +109,9 @@ def validate_text(text: str, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
     return text
 
 
+MAX_METADATA_DEPTH = 32
+
+
 def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if metadata is None:
         return {}
@@ -118,10 +121,26 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         # Round-trip through strict JSON so what is stored is exactly what export returns.
         encoded = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
         encoded.encode("utf-8")
+    except RecursionError:
+        raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc}") from None
     decoded: dict[str, Any] = json.loads(encoded)
+    if _depth(decoded) > MAX_METADATA_DEPTH:
+        # Deeper values break JSON encoders downstream (the servers, exports).
+        raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     return decoded
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests, without recursion (it may be thousands deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:

@@ -322,18 +322,23 @@ def create_app(
         key: str | None = None,
         history: Annotated[bool, Query(description="Include retired and superseded records.")] = False,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
         user_id: User = "default",
         agent_id: Agent = "",
         run_id: Run = "",
     ) -> dict[str, Any]:
-        """Records of one space, oldest first (active ones unless ``history``)."""
+        """Records of one space, oldest first (active ones unless ``history``), a page at a
+        time: ``next`` is the cursor of the following page, null after the last."""
         where = Space(user_id, agent_id, run_id)
         records = await serve(
             lambda m: [
-                r.to_json() for r in m.list(space=where, subject=subject, key=key, include_history=history, limit=limit)
+                r.to_json()
+                for r in m.list(
+                    space=where, subject=subject, key=key, include_history=history, limit=limit, after=after
+                )
             ]
         )
-        return {"records": records}
+        return {"records": records, "next": records[-1]["id"] if len(records) == limit else None}
 
     @app.get("/v1/history", tags=["memories"])
     async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:

@@ -47,6 +47,7 @@ class RowFilter:
     key_ref: bytes | None = None
     statuses: frozenset[Status] = frozenset({Status.ACTIVE})
     limit: int | None = None
+    after: str | None = None  # only ids greater than this one (a page's cursor)
 
 
 class Backend(Protocol):

@@ -383,6 +383,9 @@ class SQLiteBackend:
         if where.key_ref is not None:
             sql += " AND r.key_ref = ?"
             args.append(where.key_ref)
+        if where.after is not None:
+            sql += " AND r.id > ?"
+            args.append(where.after)
         statuses = sorted(s.value for s in where.statuses)
         sql += f" AND r.status IN ({', '.join('?' * len(statuses))}) ORDER BY r.id"
         args.extend(statuses)
