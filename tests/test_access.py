@@ -103,6 +103,9 @@ OPS = [
     Spec("erasure status", (R, V), None, lambda m, w: m.erasure_request("E-0")),
     Spec("certificate", (R, V), None, lambda m, w: m.certificate("E-0")),
     Spec("checkpoint", (V, R, W), None, lambda m, w: m.checkpoint()),
+    Spec("public key", (V, R, W), None, lambda m, w: m.public_key()),
+    Spec("signing keys", (V, R, W), None, lambda m, w: m.signing_keys()),
+    Spec("announced keys", (V, R, W), None, lambda m, w: m.announced_keys()),
     Spec("verify the log", (V,), None, lambda m, w: m.verify_log()),
     Spec("verify the audit trail", (V,), None, lambda m, w: m.verify_audit()),
     Spec("show the audit trail", (V,), None, lambda m, w: list(m.audit_entries())),
@@ -197,6 +200,7 @@ def test_the_table_covers_every_guarded_method() -> None:
         "export_json", "restrict", "unrestrict", "restrictions", "purge", "set_retention", "retention_policy",
         "erasure_requests", "erasure_request", "certificate", "checkpoint", "verify_log", "verify_audit",
         "audit_entries", "create_principal", "principals", "record_decision", "explain_decision",
+        "public_key", "signing_keys", "announced_keys",
     }  # fmt: skip
     # Covered elsewhere: the same guard as a listed twin, key management (admin only), or
     # audit pruning (the operator only: test_audit.py).

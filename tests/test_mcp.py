@@ -23,6 +23,7 @@ from .conftest import MASTER
 from .serving import api_key, new_store, serving
 
 Session = Callable[[ClientSession], Awaitable[None]]
+SESSION_SECONDS = 120
 
 READ_ONLY = {
     "recall",
@@ -139,7 +140,8 @@ def _over_stdio(tmp_path: Path, env: dict[str, str], session_run: Session) -> No
     params = StdioServerParameters(command=str(deleatur), args=["serve", "mcp"], env=env)
 
     async def run() -> None:
-        with (tmp_path / "stderr").open("w") as errlog:
+        # A hung server fails the test instead of hanging the suite.
+        with anyio.fail_after(SESSION_SECONDS), (tmp_path / "stderr").open("w") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
                 await session_run(session)
 
@@ -164,6 +166,11 @@ async def _agent(session: ClientSession) -> None:
     plan = await _data(session, "delete", subject="Hank", user_id="c2", dry_run=True)
     done = await _call(session, "delete", subject="Hank", user_id="c2", confirmation=plan["token"])
     assert _text(done).startswith("Erased 1 record(s) for 'Hank'.")
+    bad = await session.call_tool(
+        "remember", {"text": "x", "subject": "Iris Quartz", "confidence": "Iris Quartz, HIV+"}
+    )
+    assert bad.is_error and _text(bad) == "Error (invalid_request): remember: invalid argument(s): confidence"
+    assert bad.structured_content is not None and "Quartz" not in str(bad.structured_content)
     denied = await session.call_tool("verify_audit", {})
     assert denied.is_error  # verification is the auditors'
     assert denied.structured_content is not None
@@ -174,14 +181,19 @@ async def _agent(session: ClientSession) -> None:
 def _over_http(url: str, key: str | None, session_run: Session) -> None:
     async def run() -> None:
         headers = {} if key is None else {"Authorization": f"Bearer {key}"}
-        async with (
-            httpx2.AsyncClient(timeout=30, headers=headers) as http,
-            streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session_run(session)
+        with anyio.fail_after(SESSION_SECONDS):
+            await _session_over_http(url, headers, session_run)
 
     anyio.run(run)
+
+
+async def _session_over_http(url: str, headers: dict[str, str], session_run: Session) -> None:
+    async with (
+        httpx2.AsyncClient(timeout=30, headers=headers) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session_run(session)
 
 
 def test_streamable_http(tmp_path: Path) -> None:
@@ -194,4 +206,21 @@ def test_streamable_http(tmp_path: Path) -> None:
         for headers in ({}, {"Authorization": "Bearer dlt_wrong"}):
             refused = httpx2.post(f"{url}/mcp", json={}, headers=headers)
             assert (refused.status_code, refused.json()["error"]["code"]) == (401, "unauthenticated")
+        _sessions_belong_to_who_opened_them(url, admin, agent)
     pool.close()
+
+
+def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> None:
+    accept = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    opened = httpx2.post(f"{url}/mcp", json=hello, headers={**accept, "Authorization": f"Bearer {owner}"})
+    session = opened.headers["mcp-session-id"]
+    for key, status in ((other, 404), (owner, 200)):
+        headers = {**accept, "Authorization": f"Bearer {key}", "mcp-session-id": session}
+        ended = httpx2.delete(f"{url}/mcp", headers={**headers, "mcp-protocol-version": "2025-06-18"})
+        assert ended.status_code == status, (key == owner, ended.text)

@@ -603,6 +603,27 @@ class Memory:
         os.replace(pending, self.signing_key_path)
         return new
 
+    @guarded("log.public_key", (V, R, W), audit=False)
+    def public_key(self) -> Verifier:
+        """The log's current verifier key, to hand to verifiers out of band."""
+        if self.log.signer is None:
+            raise LogError("this store has no signing key; run `deleatur keys new`")
+        return self.log.signer.verifier
+
+    @guarded("log.keys", (V, R, W), audit=False)
+    def signing_keys(self) -> builtins.list[dict[str, Any]]:
+        """Every key the log announced, oldest first (the store's own view: pin one)."""
+        current = None if self.log.signer is None else self.log.signer.verifier.vkey
+        return [
+            {"key_id": key_id, "vkey": vkey, "log_index": index, "current": vkey == current}
+            for key_id, vkey, index, _ in self.backend.signing_keys()
+        ]
+
+    @guarded("log.keys", (V, R, W), audit=False)
+    def announced_keys(self) -> builtins.list[Verifier]:
+        """The verifiers of every key the log announced (unpinned checks trust these)."""
+        return self.log.verifiers()
+
     @guarded("log.checkpoint", (V, R, W), audit=False)
     def checkpoint(self) -> Note:
         """The latest signed checkpoint (signing one now if the log grew without one)."""

@@ -76,17 +76,7 @@ def keys_rotate(as_json: JsonOpt = False) -> None:
 def keys_show(as_json: JsonOpt = False) -> None:
     """Every signing key the log has announced, oldest first; the last one signs now."""
     with open_memory() as memory:
-        keys = memory.backend.signing_keys()
-        current = memory.log.signer
-    rows = [
-        {
-            "key_id": key_id,
-            "vkey": vkey,
-            "log_index": index,
-            "current": current is not None and current.verifier.vkey == vkey,
-        }
-        for key_id, vkey, index, _ in keys
-    ]
+        rows = memory.signing_keys()
     if as_json:
         emit(rows)
         return
@@ -102,10 +92,8 @@ def keys_export_public(
 ) -> None:
     """The current verifier key (C2SP signed-note form), to give to verifiers out of band."""
     with open_memory() as memory:
-        signer = memory.log.signer
-    if signer is None:
-        raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
-    out.print(signer.verifier.public_key.hex() if raw_hex else signer.verifier.vkey, markup=False, highlight=False)
+        verifier = memory.public_key()
+    out.print(verifier.public_key.hex() if raw_hex else verifier.vkey, markup=False, highlight=False)
 
 
 @log_app.command("checkpoint")
@@ -213,7 +201,7 @@ def verify_receipt_command(
         report = verify_receipt(parsed, [pin_key(key, origin)], pinned=True)
     else:
         with open_memory() as memory:
-            report = verify_receipt(parsed, memory.log.verifiers(), pinned=False)
+            report = verify_receipt(parsed, memory.announced_keys(), pinned=False)
     print_report(report, as_json)
 
 

@@ -10,15 +10,12 @@ from ..erasure.verify import verify_certificate
 from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
-from ..log.tlog import LogError
 from ..memory import Memory
 
 
 def public_key(memory: Memory) -> dict[str, str]:
     """The log's current verifier key, to give to verifiers out of band."""
-    if memory.log.signer is None:
-        raise LogError("this store has no signing key")
-    verifier = memory.log.signer.verifier
+    verifier = memory.public_key()
     return {"vkey": verifier.vkey, "public_key": verifier.public_key.hex(), "origin": memory.log.origin}
 
 
@@ -28,7 +25,7 @@ def check_receipt(memory: Memory, receipt: Any, key: str | None) -> Report:
     parsed = Receipt.from_json(receipt)
     if key is not None:
         return verify_receipt(parsed, [parse_verifier(key, memory.log.origin)], pinned=True)
-    return verify_receipt(parsed, memory.log.verifiers(), pinned=False)
+    return verify_receipt(parsed, memory.announced_keys(), pinned=False)
 
 
 def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | None) -> Report:

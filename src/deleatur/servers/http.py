@@ -106,7 +106,9 @@ class RectifyBody(SpaceBody):
     key: str
     text: str
     reason: str
-    actor: str | None = Field(default=None, description="Who corrects it [default: the caller].")
+    actor: str | None = Field(
+        default=None, description="On whose behalf the caller corrects it; recorded as '<actor> (via <caller>)'."
+    )
     erase_previous: bool = False
     for_legal_claim: bool = False
 
@@ -359,7 +361,8 @@ def create_app(
                 body.key,
                 body.text,
                 reason=body.reason,
-                actor=body.actor or m.principal.name,
+                # The authenticated caller is always named: a body cannot impersonate another.
+                actor=m.principal.name if body.actor is None else f"{body.actor} (via {m.principal.name})",
                 space=body.space(),
                 erase_previous=body.erase_previous,
                 for_legal_claim=body.for_legal_claim,

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from pydantic import ValidationError
 
 from .. import __version__
 from ..clock import system_clock
@@ -25,7 +27,7 @@ from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
 from .auth import as_caller, bearer_token
 from .calls import check_certificate, check_receipt, new_request_id, public_key
-from .errors import error_info
+from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 Ctx = Context[Any, Any]
@@ -92,10 +94,32 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     return _ok(text, {"request": request.to_json(system_clock()), "repeated": result.repeated})
 
 
+class _Server(MCPServer[Any]):
+    """The SDK's server, but arguments that fail validation are reported by field name
+    with a stable code: the SDK's message quotes the rejected values, which are the
+    caller's data (a subject's name, say) and would end up in the agent's transcript."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Ctx | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            fields = sorted({".".join(str(part) for part in e["loc"]) for e in exc.__cause__.errors()})
+            info = ErrorInfo(422, "invalid_request", f"{name}: invalid argument(s): {', '.join(fields)}")
+            return CallToolResult(
+                content=[TextContent(type="text", text=f"Error ({info.code}): {info.message}")],
+                structured_content=info.to_json(),
+                is_error=True,
+            )
+
+
 def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPServer[Any]:
     """The MCP server over ``pool``'s store. Over stdio it acts as the local operator,
     or as the principal of ``local_api_key`` (an agent's own, narrower key)."""
-    server: MCPServer[Any] = MCPServer(
+    server: MCPServer[Any] = _Server(
         "deleatur",
         version=__version__,
         instructions=INSTRUCTIONS,
