@@ -230,10 +230,12 @@ def _plan(result: ErasureResult) -> dict[str, Any]:
 def create_app(
     open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, handles: int = DEFAULT_HANDLES
 ) -> FastAPI:
-    """The API over the store ``open_memory`` opens, at most ``handles`` times: each
-    request's library call runs in a worker thread on a leased handle, and no more
-    calls run at once than there are handles (the others wait in the event loop, not
-    in threads)."""
+    """The API over the store ``open_memory`` opens, at most ``handles`` times: no more
+    library calls run at once than there are handles (the others wait in the event
+    loop, not in threads). With one handle (the default) the calls run one at a time
+    anyway, so each runs in the event loop itself: handing it to a worker thread and
+    back cost a fifth of the throughput (BENCHMARKS.md). With more, each runs in a
+    worker thread on a leased handle."""
     pool = HandlePool(open_memory, limit=handles)
     workers = anyio.CapacityLimiter(handles)
 
@@ -280,6 +282,8 @@ def create_app(
             with pool.lease() as memory:
                 return call(as_caller(memory, api_key))
 
+        if handles == 1:
+            return run()  # nothing else can hold the one handle: no call is in a thread
         return await anyio.to_thread.run_sync(run, limiter=workers)
 
     # -- memories --------------------------------------------------------------------
