@@ -177,7 +177,7 @@ class Memory:
         self._clock = clock
         self._random = random
         self._ids = IdGenerator(clock, random)
-        self._scope_tokens: dict[Space, str] = {}
+        self._tokens: dict[tuple[str, ...], str] = {}
         self.signing_key_path = signing_key_path(Path(backend.files()[0]))
         self.log = TransparencyLog(
             backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
@@ -326,7 +326,7 @@ class Memory:
         view = copy.copy(self)
         view.principal = principal
         view.tenant = principal.tenant
-        view._scope_tokens = {}  # tokens are per tenant
+        view._tokens = {}  # tokens are per tenant
         view._calls = threading.local()
         view._owner = False
         return view
@@ -475,7 +475,7 @@ class Memory:
         return Entry(EventType.CALL, self._clock(), {**fields, **call.extra})
 
     def _user_token(self, user_id: str) -> str:
-        return "u" + self.keys.index.ref("user", self.tenant, user_id).hex()[:12]
+        return self._token("user", user_id)
 
     def _name_subject(self, subject: str | None) -> None:
         """Name the subject of the current call in its audit entry: as a pseudonym that
@@ -770,14 +770,20 @@ class Memory:
     def _scope_token(self, space: Space) -> str:
         # One opaque token per space: the index matches it exactly, so "user1"
         # never matches "user10", and the index holds no user ids in clear.
-        token = self._scope_tokens.get(space)
+        return self._token("scope", space.user_id, space.agent_id, space.run_id)
+
+    def _token(self, purpose: str, *parts: str) -> str:
+        """An opaque per-tenant token (a blind index) of ``parts``, kept for reuse: every
+        write and every audit entry needs one."""
+        key = (purpose, *parts)
+        token = self._tokens.get(key)
         if token is None:
-            ref = self.keys.index.ref("scope", self.tenant, space.user_id, space.agent_id, space.run_id)
+            ref = self.keys.index.ref(purpose, self.tenant, *parts)
             # 48 bits: short, so the index stays small; two spaces sharing a prefix would
             # only share posting lists, since search filters on the space columns too.
-            token = self._scope_tokens[space] = "s" + ref.hex()[:12]
-            if len(self._scope_tokens) > 4096:
-                self._scope_tokens.pop(next(iter(self._scope_tokens)))
+            token = self._tokens[key] = purpose[0] + ref.hex()[:12]
+            if len(self._tokens) > 4096:
+                self._tokens.pop(next(iter(self._tokens)))
         return token
 
     def _aad(self, record_id: str, subject_ref: bytes) -> bytes:

@@ -3,8 +3,8 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
