@@ -284,3 +284,25 @@ def test_client_list_follows_pages_to_the_end(tmp_path_factory: pytest.TempPathF
         assert len(page["records"]) == 345 and page["next"] is None
         bad = httpx.get(f"{url}/v1/memories", params={"after": "nope"}, headers={"Authorization": f"Bearer {key}"})
         assert bad.status_code == 422 and "not a record id" in bad.text
+
+
+def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.TempPathFactory) -> None:
+    opener = new_store(tmp_path_factory.mktemp("export") / "mem.db")
+    with opener() as memory:
+        memory.remember_many(
+            [NewMemory(f"Alice note {i} " + "x" * 200, subject="Alice") for i in range(1_500)], space=Space("u1")
+        )
+    scoped = api_key(opener, Role.VIEWER, scopes=["u2"])
+    admin_key = api_key(opener, Role.ADMIN)
+    with serving(create_app(opener)) as url, Client(url, api_key=admin_key) as remote:
+        out = io.StringIO()
+        counts = remote.export_json(out, user_id="u1")
+        data = json.loads(out.getvalue())  # > 300 kB, several chunks, one valid document
+        assert counts == data["counts"] and counts["records"] == len(data["records"]) == 1_500
+        with pytest.raises(InvalidInputError, match="exactly one"):
+            remote.export_json(io.StringIO(), subject="Alice", user_id="u1")
+        with Client(url, api_key=scoped) as narrow, pytest.raises(AccessDeniedError) as denied:
+            narrow.export_json(io.StringIO(), user_id="u1")
+        assert denied.value.missing == "scope"
+        # The pool's handle stays free while an export runs on its own.
+        assert remote.recall("note", space=Space("u1"), limit=1)

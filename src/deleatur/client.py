@@ -17,13 +17,14 @@ import builtins
 import json
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from .errors import DeleaturError
 from .model import DEFAULT_SPACE, EVERYWHERE, Space, SpaceFilter
+from .rights.export import TextSink
 from .servers.errors import remote_error
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -32,6 +33,8 @@ DEFAULT_BASIS = "Art. 17"
 
 #: Records per page when following the server's list pages.
 _PAGE = 1000
+#: How much of an export's end is kept to read its counts from.
+_COUNTS_TAIL = 4096
 
 
 def _space(space: Space) -> dict[str, str]:
@@ -308,13 +311,22 @@ class Client:
         restrictions: builtins.list[dict[str, Any]] = self._call("GET", "/v1/restrictions")["restrictions"]
         return restrictions
 
-    def export_json(self, out: TextIO, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
-        """Write the ``deleatur-export/v1`` document to ``out``; returns its counts."""
-        response = self.http.get("/v1/export", params=_drop_none({"subject": subject, "user_id": user_id}))
-        if response.status_code >= 400:
-            raise _error(response)
-        out.write(response.text)
-        counts: dict[str, int] = json.loads(response.text)["counts"]
+    def export_json(self, out: TextSink, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
+        """Stream the ``deleatur-export/v1`` document into ``out``, never holding it
+        whole; returns its counts (the document's last member)."""
+        params = _drop_none({"subject": subject, "user_id": user_id})
+        with self.http.stream("GET", "/v1/export", params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            tail = ""
+            for text in response.iter_text():
+                out.write(text)
+                tail = (tail + text)[-_COUNTS_TAIL:]
+        start = tail.rfind('"counts": ')
+        if start < 0 or not tail.rstrip().endswith("}"):
+            raise DeleaturError("the export ended early: the server's stream was cut")
+        counts: dict[str, int] = json.JSONDecoder().raw_decode(tail, start + len('"counts": '))[0]
         return counts
 
     # -- the log --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -83,7 +83,7 @@ from .model import (
     canonical_subject,
     validate_text,
 )
-from .rights.export import export_csv, export_json
+from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
 from .store.protocol import Backend, RowFilter, StoredRow
@@ -1249,7 +1249,7 @@ class Memory:
     # -- access and portability (Art. 15, 20) ---------------------------------------
 
     @guarded("export", R, of_user)
-    def export_json(self, out: TextIO, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
+    def export_json(self, out: TextSink, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """Stream everything held about a subject or a user as JSON (``deleatur-export/v1``)."""
         self._name_subject(subject)
         return export_json(self, out, subject=subject, user_id=user_id)

@@ -34,7 +34,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
@@ -49,6 +49,14 @@ if TYPE_CHECKING:
     from ..memory import Memory
 
 FORMAT = "deleatur-export/v1"
+
+
+class TextSink(Protocol):
+    """Where a JSON export is written: a file, a buffer, or a server's response stream."""
+
+    def write(self, text: str, /) -> object: ...
+
+
 _BATCH = 500
 RECORD_COLUMNS = (
     "id",
@@ -180,7 +188,7 @@ class _Export:
 
 
 def export_json(
-    memory: Memory, out: TextIO, *, subject: str | None = None, user_id: str | None = None
+    memory: Memory, out: TextSink, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
     job = _Export(memory, subject=subject, user_id=user_id)
     head = {

@@ -7,7 +7,8 @@ stable code of :mod:`.errors`. OpenAPI is at ``/openapi.json``.
 
 from __future__ import annotations
 
-import io
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -17,7 +18,7 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -225,6 +226,88 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
 def _plan(result: ErasureResult) -> dict[str, Any]:
     assert result.plan is not None
     return {"dry_run": True, "plan": result.plan.to_json(), "token": result.token}
+
+
+_EXPORT_CHUNK = 64 * 1024
+_DONE = object()
+
+
+class _Cancelled(Exception):
+    """The client went away: the export stops instead of waiting on a full queue."""
+
+
+class _ChunkWriter:
+    """What the library's export writes to, from its own thread: text gathered into
+    chunks and queued for the event loop, which sends them as the response body."""
+
+    def __init__(self, chunks: queue.Queue[object], stop: threading.Event) -> None:
+        self._chunks = chunks
+        self._stop = stop
+        self._parts: list[str] = []
+        self._size = 0
+
+    def write(self, text: str) -> int:
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size >= _EXPORT_CHUNK:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._parts:
+            chunk, self._parts, self._size = "".join(self._parts), [], 0
+            self.put(chunk)
+
+    def put(self, item: object) -> None:
+        while True:  # a bounded queue: the export runs no further ahead than the client reads
+            try:
+                self._chunks.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if self._stop.is_set():
+                    raise _Cancelled from None
+
+
+async def _stream_export(
+    open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
+) -> AsyncIterator[str]:
+    """Run the export in a thread on a handle of its own, so the pool's handle stays
+    free for other requests meanwhile. Returns the body's chunks once the first exists,
+    or raises what the export raised before writing anything."""
+    chunks: queue.Queue[object] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+    writer = _ChunkWriter(chunks, stop)
+
+    def run() -> None:
+        try:
+            with open_memory() as memory:
+                as_caller(memory, api_key).export_json(writer, subject=subject, user_id=user_id)
+                writer.flush()
+            writer.put(_DONE)
+        except _Cancelled:
+            return
+        except BaseException as exc:
+            try:
+                writer.put(exc)
+            except _Cancelled:
+                return
+
+    threading.Thread(target=run, name="deleatur-export", daemon=True).start()
+    first = await anyio.to_thread.run_sync(chunks.get)
+    if isinstance(first, BaseException):
+        raise first
+
+    async def body() -> AsyncIterator[str]:
+        item = first
+        try:
+            while isinstance(item, str):
+                yield item
+                item = await anyio.to_thread.run_sync(chunks.get)
+            # An error after the first bytes can only cut the body short (invalid JSON).
+        finally:
+            stop.set()
+
+    return body()
 
 
 def create_app(
@@ -533,14 +616,16 @@ def create_app(
         await serve(lambda m: m.unrestrict(subject, actor=m.principal.name))
         return {"unrestricted": True}
 
-    @app.get("/v1/export", tags=["rights"])
-    async def export(subject: str | None = None, user_id: str | None = None) -> Response:
-        """Art. 15/20: everything held about a subject or a user (deleatur-export/v1)."""
-        # Held in memory, never spooled to disk: an export is the subject's plaintext,
-        # and a temporary file would outlive a later erasure in the disk's free blocks.
-        buffer = io.StringIO()
-        await serve(lambda m: m.export_json(buffer, subject=subject, user_id=user_id))
-        return Response(buffer.getvalue(), media_type="application/json")
+    @app.get("/v1/export", tags=["rights"], response_class=StreamingResponse)
+    async def export(subject: str | None = None, user_id: str | None = None) -> StreamingResponse:
+        """Art. 15/20: everything held about a subject or a user (deleatur-export/v1),
+        streamed as the library writes it: never held whole, never spooled to disk (an
+        export is the subject's plaintext, and a temporary file would outlive a later
+        erasure in the disk's free blocks). A refusal comes as an error status; a failure
+        after the first bytes can only cut the stream short, which leaves invalid JSON."""
+        api_key = _API_KEY.get()
+        chunks = await _stream_export(open_memory, api_key, subject, user_id)
+        return StreamingResponse(chunks, media_type="application/json")
 
     # -- the log ---------------------------------------------------------------------------
 
