@@ -186,18 +186,24 @@ def time_remember(mem: Memory, corpus: Corpus, calls: int) -> dict[str, float]:
 def time_recall(mem: Memory, corpus: Corpus, queries: int, *, uniform: bool = False) -> dict[str, float]:
     asked = [corpus.query(uniform=uniform) for _ in range(queries)]
     latencies: list[float] = []
+    full: list[float] = []  # queries that filled the limit: the same output at every size
     hits = 0
     for text, space in asked:
         t0 = time.perf_counter_ns()
         found = mem.recall(text, space=space, limit=10)
         latencies.append((time.perf_counter_ns() - t0) / 1e6)
         hits += len(found)
+        if len(found) == 10:
+            full.append(latencies[-1])
     prefix = "recall_uniform" if uniform else "recall"
     return {
         f"{prefix}_p50_ms": statistics.median(latencies),
         f"{prefix}_p99_ms": percentile(latencies, 99),
         f"{prefix}_max_ms": max(latencies),
         f"{prefix}_mean_hits": hits / queries,
+        f"{prefix}_full_p50_ms": statistics.median(full) if full else 0.0,
+        f"{prefix}_full_p99_ms": percentile(full, 99) if full else 0.0,
+        f"{prefix}_full_share": len(full) / queries,
     }
 
 
@@ -391,6 +397,9 @@ def table(result: dict[str, Any]) -> Iterator[str]:
         ("recall p99 ms", "recall_p99_ms"),
         ("recall max ms", "recall_max_ms"),
         ("recall mean hits (limit 10)", "recall_mean_hits"),
+        ("recall p50 ms, queries with 10 hits", "recall_full_p50_ms"),
+        ("recall p99 ms, queries with 10 hits", "recall_full_p99_ms"),
+        ("  share of queries with 10 hits", "recall_full_share"),
         ("recall p50 ms, uniform-term queries", "recall_uniform_p50_ms"),
         ("recall p99 ms, uniform-term queries", "recall_uniform_p99_ms"),
         ("store bytes/record", "store_bytes_per_record"),
