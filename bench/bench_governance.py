@@ -42,6 +42,7 @@ import apsw
 from bench_log import print_results
 from bench_store import MASTER, Corpus, _vmhwm_kib, machine, open_store
 from deleatur import Memory, NewMemory, Space
+from deleatur.access import calls
 from deleatur.access.guard import Call
 from deleatur.access.principals import Capability, Role
 from deleatur.log.entries import Entry, EventType
@@ -220,7 +221,7 @@ def call_templates(memory: Memory) -> list[dict[str, Any]]:
     """Fields of ``call`` entries as the guard writes them, for a few actors, actions and users."""
     views = [memory] + [memory.as_principal(memory.create_principal(f"agent {k}", Role.AGENT)[0]) for k in range(3)]
     return [
-        dict(v._call_entry(Call(action, "", (f"user{k}",))).fields)
+        dict(calls.entry(v, Call(action, "", (f"user{k}",))).fields)
         for v in views
         for action in _ACTIONS
         for k in range(20)

@@ -23,6 +23,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from .access import admin, calls
 from .access.audit import AuditEntry
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
@@ -31,10 +32,6 @@ from .access.principals import (
     Capability,
     Principal,
     Role,
-    digest_matches,
-    new_api_key,
-    parse_role,
-    split_api_key,
 )
 from .clock import Clock, Random, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
@@ -46,12 +43,11 @@ from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
-from .erasure.requests import ErasureRequest, is_request_id
+from .erasure.requests import ErasureRequest
 from .erasure.residue import ResidueHit, scan
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
-    DeleaturError,
     IntegrityError,
     InvalidInputError,
     KeyStoreError,
@@ -135,19 +131,6 @@ class _Shared:
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
-
-
-def _principal(row: Mapping[str, Any]) -> Principal:
-    scopes = row["scopes"]
-    return Principal(
-        str(row["id"]),
-        str(row["tenant"]),
-        str(row["name"]),
-        Role(row["role"]),
-        scopes=None if scopes is None else frozenset(json.loads(scopes)),
-        created_at=int(row["created_at"]),
-        revoked_at=row["revoked_at"],
-    )
 
 
 def _dumps(value: Mapping[str, Any]) -> bytes:
@@ -333,17 +316,12 @@ class Memory:
 
     @property
     def _current(self) -> Call | None:
-        stack: builtins.list[Call] | None = getattr(self._calls, "stack", None)
-        return stack[-1] if stack else None
+        return calls.current(self)
 
     def authenticate(self, api_key: str) -> Principal:
         """The principal an API key belongs to. Every refusal (malformed, unknown,
         revoked) reads the same, so a caller learns nothing about other keys."""
-        principal_id, secret = split_api_key(api_key)
-        row = self.backend.principal(principal_id)
-        if row is None or row["revoked_at"] is not None or not digest_matches(bytes(row["key_digest"]), secret):
-            raise AuthenticationError("the API key is not valid")
-        return _principal(row)
+        return admin.authenticate(self, api_key)
 
     @guarded("principal.create", A, of_scopes)
     def create_principal(
@@ -353,144 +331,35 @@ class Memory:
 
         Only the operator may create principals in another tenant; a scoped admin may
         only hand out scopes it holds itself (the guard checks the scopes asked for)."""
-        target = self.tenant if tenant is None else Space(user_id=tenant).user_id
-        if target != self.tenant and not self.principal.operator:
-            raise self._deny("only the deployment operator may create principals in another tenant", "operator")
-        wanted = None if scopes is None else frozenset(scopes)
-        if wanted is not None and not wanted:
-            raise InvalidInputError("scopes, when given, must name at least one user id")
-        principal_id = self._ids.new().replace("-", "")
-        principal = Principal(
-            principal_id,
-            target,
-            name.strip() if isinstance(name, str) else name,
-            parse_role(role) if isinstance(role, str) else role,
-            scopes=wanted,
-            created_at=self._clock(),
-        )
-        api_key, digest = new_api_key(principal_id, self._random(32))
-        with self._logged():
-            self.backend.put_principal(
-                {
-                    "id": principal.id,
-                    "tenant": principal.tenant,
-                    "name": principal.name,
-                    "role": principal.role.value,
-                    "scopes": None if principal.scopes is None else json.dumps(sorted(principal.scopes)),
-                    "key_digest": digest,
-                    "created_at": principal.created_at,
-                    "revoked_at": None,
-                }
-            )
-        return principal, api_key
+        return admin.create(self, name, role, scopes, tenant)
 
     @guarded("principal.list", A)
     def principals(self) -> builtins.list[Principal]:
-        return [_principal(row) for row in self.backend.principals(self.tenant)]
+        return admin.listing(self)
 
     @guarded("principal.revoke", A)
     def revoke_principal(self, principal_id: str) -> None:
         """Revoke a principal's key at once; its audit entries stay."""
-        with self._logged():
-            if not self.backend.revoke_principal(self.tenant, principal_id, self._clock()):
-                raise NotFoundError(f"no active principal {principal_id!r} in tenant {self.tenant!r}")
+        admin.revoke(self, principal_id)
 
-    def _deny(self, message: str, missing: str) -> AccessDeniedError:
-        request = None if self._current is None else self._current.request
-        return AccessDeniedError(message, missing=missing, request_id=request)
+    # The guard's hooks (see deleatur.access.guard); the logic is in deleatur.access.calls.
 
     def _enter_call(
         self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
     ) -> Call:
-        # A caller's request id names the call only if it is a well-formed one.
-        call = Call(action, request if is_request_id(request) else self._ids.new(), None)
-        principal = self.principal
-        wanted = capability if isinstance(capability, tuple) else (capability,)
-        if not principal.operator and self._revoked(principal):
-            problem, missing = "was revoked", "principal"
-        elif not any(c in principal.capabilities for c in wanted):
-            problem, missing = f"needs the {' or '.join(c.value for c in wanted)} capability", wanted[0].value
-        elif users is None:
-            # Verification material, which a verifier may use, is the only thing a
-            # scoped key may read across the whole tenant.
-            problem, missing = None, ""
-            verifying = Capability.VERIFY in wanted and Capability.VERIFY in principal.capabilities
-            if principal.scopes is not None and not verifying:
-                problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
-        else:
-            call.users = tuple(users)
-            problem, missing = None, ""
-            if not principal.covers(call.users):
-                problem, missing = "reaches a user outside this key's scopes", "scope"
-        if problem is not None:
-            call.outcome, call.error = "denied", missing
-            self._append_call(call)
-            raise AccessDeniedError(
-                f"{principal.role.value} principal {principal.id} may not {action}: it {problem}",
-                missing=missing,
-                request_id=call.request,
-            )
-        self._calls.__dict__.setdefault("stack", []).append(call)
-        return call
-
-    def _revoked(self, principal: Principal) -> bool:
-        """Revocation takes effect on the next call, on every view already made."""
-        row = self.backend.principal(principal.id)
-        return row is None or row["revoked_at"] is not None
+        return calls.enter(self, action, capability, users, request)
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
-        popped = self._calls.stack.pop()
-        assert popped is call
-        if error is None and call.logged:
-            return
-        if error is not None:
-            if not call.audit and not isinstance(error, AccessDeniedError):
-                return
-            call.outcome = "denied" if isinstance(error, AccessDeniedError) else "failed"
-            call.error = error.missing if isinstance(error, AccessDeniedError) else type(error).__name__
-            if isinstance(error, DeleaturError) and error.request_id is None:
-                error.request_id = call.request
-        self._append_call(call)
+        calls.leave(self, call, error)
 
-    def _append_call(self, call: Call) -> None:
-        with self._logged(audit_only=True) as events:
-            events.append((self._call_entry(call), None))
+    def _deny(self, message: str, missing: str) -> AccessDeniedError:
+        return calls.deny(self, message, missing)
 
-    def _call_entry(self, call: Call) -> Entry:
-        fields: dict[str, Any] = {
-            "action": call.action,
-            "actor": self.principal.id,
-            "role": self.principal.role.value,
-            "tenant": self.tenant,
-            "outcome": call.outcome,
-            "request": call.request,
-        }
-        if call.users is not None:
-            # Users as opaque per-tenant tokens: a user id can name a person.
-            fields["users"] = sorted({self._user_token(u) for u in call.users})
-        if call.subject is not None:
-            fields["subject"], fields["sealed"] = call.subject
-        if call.error is not None:
-            fields["error"] = call.error
-        return Entry(EventType.CALL, self._clock(), {**fields, **call.extra})
+    def _name_subject(self, subject: str | None) -> None:
+        calls.name_subject(self, subject)
 
     def _user_token(self, user_id: str) -> str:
         return self._token("user", user_id)
-
-    def _name_subject(self, subject: str | None) -> None:
-        """Name the subject of the current call in its audit entry: as a pseudonym that
-        dies with the subject's key, and sealed under that key for `audit show`."""
-        if self._current is None or self._current.subject is not None or not isinstance(subject, str):
-            return
-        try:
-            canonical = canonical_subject(subject)
-        except InvalidInputError:
-            return  # the call itself reports the bad subject
-        subject_ref = self._subject_ref(canonical)
-        pseudonym = self.keys.pseudonym(self.tenant, subject_ref, canonical)
-        sealed = self.keys.seal(self.tenant, subject_ref, canonical)
-        if pseudonym is not None and sealed is not None:
-            self._current.subject = (pseudonym, sealed)
 
     # -- the signing key and the log ---------------------------------------------
 
@@ -542,7 +411,7 @@ class Memory:
         with self.backend.atomic():
             yield events
             if call is not None and not call.logged:
-                events.append((self._call_entry(call), None))
+                events.append((calls.entry(self, call), None))
             if events:
                 self.log.append(events)
                 now = self._clock()

@@ -1,0 +1,81 @@
+"""Managing principals: authentication, creation, listing and revocation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AuthenticationError, InvalidInputError, NotFoundError
+from ..model import Space
+from .calls import deny
+from .principals import Principal, Role, digest_matches, new_api_key, parse_role, split_api_key
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+
+def _principal(row: Mapping[str, Any]) -> Principal:
+    scopes = row["scopes"]
+    return Principal(
+        str(row["id"]),
+        str(row["tenant"]),
+        str(row["name"]),
+        Role(row["role"]),
+        scopes=None if scopes is None else frozenset(json.loads(scopes)),
+        created_at=int(row["created_at"]),
+        revoked_at=row["revoked_at"],
+    )
+
+
+def authenticate(memory: Memory, api_key: str) -> Principal:
+    principal_id, secret = split_api_key(api_key)
+    row = memory.backend.principal(principal_id)
+    if row is None or row["revoked_at"] is not None or not digest_matches(bytes(row["key_digest"]), secret):
+        raise AuthenticationError("the API key is not valid")
+    return _principal(row)
+
+
+def create(
+    memory: Memory, name: str, role: Role | str, scopes: Iterable[str] | None, tenant: str | None
+) -> tuple[Principal, str]:
+    target = memory.tenant if tenant is None else Space(user_id=tenant).user_id
+    if target != memory.tenant and not memory.principal.operator:
+        raise deny(memory, "only the deployment operator may create principals in another tenant", "operator")
+    wanted = None if scopes is None else frozenset(scopes)
+    if wanted is not None and not wanted:
+        raise InvalidInputError("scopes, when given, must name at least one user id")
+    principal_id = memory._ids.new().replace("-", "")
+    principal = Principal(
+        principal_id,
+        target,
+        name.strip() if isinstance(name, str) else name,
+        parse_role(role) if isinstance(role, str) else role,
+        scopes=wanted,
+        created_at=memory._clock(),
+    )
+    api_key, digest = new_api_key(principal_id, memory._random(32))
+    with memory._logged():
+        memory.backend.put_principal(
+            {
+                "id": principal.id,
+                "tenant": principal.tenant,
+                "name": principal.name,
+                "role": principal.role.value,
+                "scopes": None if principal.scopes is None else json.dumps(sorted(principal.scopes)),
+                "key_digest": digest,
+                "created_at": principal.created_at,
+                "revoked_at": None,
+            }
+        )
+    return principal, api_key
+
+
+def listing(memory: Memory) -> list[Principal]:
+    return [_principal(row) for row in memory.backend.principals(memory.tenant)]
+
+
+def revoke(memory: Memory, principal_id: str) -> None:
+    with memory._logged():
+        if not memory.backend.revoke_principal(memory.tenant, principal_id, memory._clock()):
+            raise NotFoundError(f"no active principal {principal_id!r} in tenant {memory.tenant!r}")

@@ -1,0 +1,134 @@
+"""What the guard does around each call: the authorization decision, the stack of
+calls in progress (per thread), and the call's audit entry.
+
+:class:`~deleatur.Memory` keeps only thin ``_enter_call``/``_leave_call`` methods
+for :func:`~deleatur.access.guard.guarded`; the logic is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..erasure.requests import is_request_id
+from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
+from ..log.entries import Entry, EventType
+from ..model import canonical_subject
+from .guard import Call
+from .principals import Capability, Principal
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+
+def current(memory: Memory) -> Call | None:
+    stack: list[Call] | None = getattr(memory._calls, "stack", None)
+    return stack[-1] if stack else None
+
+
+def deny(memory: Memory, message: str, missing: str) -> AccessDeniedError:
+    """A refusal from inside a call's body (the guard's own refusals are in :func:`enter`)."""
+    call = current(memory)
+    return AccessDeniedError(message, missing=missing, request_id=None if call is None else call.request)
+
+
+def enter(
+    memory: Memory,
+    action: str,
+    capability: Capability | tuple[Capability, ...],
+    users: Iterable[str] | None,
+    request: Any,
+) -> Call:
+    # A caller's request id names the call only if it is a well-formed one.
+    call = Call(action, request if is_request_id(request) else memory._ids.new(), None)
+    principal = memory.principal
+    wanted = capability if isinstance(capability, tuple) else (capability,)
+    if not principal.operator and _revoked(memory, principal):
+        problem, missing = "was revoked", "principal"
+    elif not any(c in principal.capabilities for c in wanted):
+        problem, missing = f"needs the {' or '.join(c.value for c in wanted)} capability", wanted[0].value
+    elif users is None:
+        # Verification material, which a verifier may use, is the only thing a
+        # scoped key may read across the whole tenant.
+        problem, missing = None, ""
+        verifying = Capability.VERIFY in wanted and Capability.VERIFY in principal.capabilities
+        if principal.scopes is not None and not verifying:
+            problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
+    else:
+        call.users = tuple(users)
+        problem, missing = None, ""
+        if not principal.covers(call.users):
+            problem, missing = "reaches a user outside this key's scopes", "scope"
+    if problem is not None:
+        call.outcome, call.error = "denied", missing
+        append(memory, call)
+        raise AccessDeniedError(
+            f"{principal.role.value} principal {principal.id} may not {action}: it {problem}",
+            missing=missing,
+            request_id=call.request,
+        )
+    memory._calls.__dict__.setdefault("stack", []).append(call)
+    return call
+
+
+def _revoked(memory: Memory, principal: Principal) -> bool:
+    """Revocation takes effect on the next call, on every view already made."""
+    row = memory.backend.principal(principal.id)
+    return row is None or row["revoked_at"] is not None
+
+
+def leave(memory: Memory, call: Call, error: BaseException | None) -> None:
+    popped = memory._calls.stack.pop()
+    assert popped is call
+    if error is None and call.logged:
+        return
+    if error is not None:
+        if not call.audit and not isinstance(error, AccessDeniedError):
+            return
+        call.outcome = "denied" if isinstance(error, AccessDeniedError) else "failed"
+        call.error = error.missing if isinstance(error, AccessDeniedError) else type(error).__name__
+        if isinstance(error, DeleaturError) and error.request_id is None:
+            error.request_id = call.request
+    append(memory, call)
+
+
+def append(memory: Memory, call: Call) -> None:
+    """The call's entry in a transaction of its own (a read, a refusal, a failure)."""
+    with memory._logged(audit_only=True) as events:
+        events.append((entry(memory, call), None))
+
+
+def entry(memory: Memory, call: Call) -> Entry:
+    fields: dict[str, Any] = {
+        "action": call.action,
+        "actor": memory.principal.id,
+        "role": memory.principal.role.value,
+        "tenant": memory.tenant,
+        "outcome": call.outcome,
+        "request": call.request,
+    }
+    if call.users is not None:
+        # Users as opaque per-tenant tokens: a user id can name a person.
+        fields["users"] = sorted({memory._user_token(u) for u in call.users})
+    if call.subject is not None:
+        fields["subject"], fields["sealed"] = call.subject
+    if call.error is not None:
+        fields["error"] = call.error
+    return Entry(EventType.CALL, memory._clock(), {**fields, **call.extra})
+
+
+def name_subject(memory: Memory, subject: str | None) -> None:
+    """Name the subject of the current call in its audit entry: as a pseudonym that
+    dies with the subject's key, and sealed under that key for `audit show`."""
+    call = current(memory)
+    if call is None or call.subject is not None or not isinstance(subject, str):
+        return
+    try:
+        canonical = canonical_subject(subject)
+    except InvalidInputError:
+        return  # the call itself reports the bad subject
+    subject_ref = memory._subject_ref(canonical)
+    pseudonym = memory.keys.pseudonym(memory.tenant, subject_ref, canonical)
+    sealed = memory.keys.seal(memory.tenant, subject_ref, canonical)
+    if pseudonym is not None and sealed is not None:
+        call.subject = (pseudonym, sealed)
