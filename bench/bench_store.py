@@ -402,6 +402,9 @@ def table(result: dict[str, Any]) -> Iterator[str]:
         ("  share of queries with 10 hits", "recall_full_share"),
         ("recall p50 ms, uniform-term queries", "recall_uniform_p50_ms"),
         ("recall p99 ms, uniform-term queries", "recall_uniform_p99_ms"),
+        ("recall p50 ms, uniform, with 10 hits", "recall_uniform_full_p50_ms"),
+        ("recall p99 ms, uniform, with 10 hits", "recall_uniform_full_p99_ms"),
+        ("  share of uniform queries with 10 hits", "recall_uniform_full_share"),
         ("store bytes/record", "store_bytes_per_record"),
     ]
     head = f"{'metric':<44}" + "".join(f"{lab:>12}" for lab in labels) + f"{'ratio':>8}  {'target':<12}met"
