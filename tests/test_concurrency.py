@@ -8,7 +8,7 @@ from pathlib import Path
 
 from deleatur import Memory, NewMemory, from_bytes
 
-from .conftest import MASTER
+from .conftest import MASTER, FakeClock
 
 SINGLE = 150
 BATCH = 300
@@ -51,3 +51,19 @@ def test_two_processes_writing_lose_nothing(store_path: Path) -> None:
         # One data key per subject, even though both processes created them concurrently.
         [(count,)] = memory.keys._conn.execute("SELECT count(*) FROM data_keys").fetchall()
         assert count == 30
+
+
+def test_two_handles_writing_in_one_millisecond_keep_ids_in_commit_order(store_path: Path) -> None:
+    """A reader paging by id (after the last id it saw) must never miss a record that
+    another handle commits later."""
+    clock = FakeClock()  # every write in the same millisecond
+    a = Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True)
+    b = Memory.open(store_path, from_bytes(MASTER), clock=clock)
+    seen: list[str] = []
+    for i in range(300):
+        writer = a if i % 2 else b
+        record = writer.remember(f"note {i}", subject="s")
+        assert not seen or record.id > seen[-1]
+        seen.append(record.id)
+    a.close()
+    b.close()

@@ -43,6 +43,18 @@ class IdGenerator:
             return str(uuid.UUID(int=value))
 
 
+    def after(self, floor: str | None) -> None:
+        """Make every later id sort after ``floor`` (the newest id in the store, read
+        under the write lock): ids then follow commit order across handles and
+        processes too, so a reader paging by id never misses a record written later."""
+        if floor is None:
+            return
+        value = uuid.UUID(floor).int
+        ms, counter = value >> 80, (value >> 64) & 0xFFF
+        with self._lock:
+            self._last_ms, self._counter = max((ms, counter), (self._last_ms, self._counter))
+
+
 def is_record_id(value: str) -> bool:
     try:
         parsed = uuid.UUID(value)

@@ -743,6 +743,7 @@ class Memory:
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
             check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
+            self._ids.after(self.backend.newest_id())  # ids follow commit order (see IdGenerator.after)
             keys = self._live_keys(keys, seen)
             retention = retention_for(self, space)
             pending: builtins.list[tuple[StoredRow, str]] = []
@@ -942,6 +943,7 @@ class Memory:
             if current_row is None:
                 raise NotFoundError("no active value for this key in this space")
             check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
+            self._ids.after(self.backend.newest_id())
             current = self._decrypt(current_row)
             item = NewMemory(
                 text=text,

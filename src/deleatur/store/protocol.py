@@ -197,6 +197,10 @@ class Backend(Protocol):
         """Overwrite stored entries in place (audit retention prunes them to their leaf hash)."""
         ...
 
+    def newest_id(self) -> str | None:
+        """The greatest record id in the store (of any tenant)."""
+        ...
+
     def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
         """(index, entry) of every log entry whose bytes contain ``token`` (a pseudonym or
         an opaque user token: entries hold nothing else that could name anyone)."""

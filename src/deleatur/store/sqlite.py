@@ -690,6 +690,10 @@ class SQLiteBackend:
     def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
         self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
 
+    def newest_id(self) -> str | None:
+        (newest,) = self._conn.execute("SELECT max(id) FROM records").fetchall()[0]
+        return None if newest is None else str(newest)
+
     def log_entries_naming(self, token: str) -> Iterator[tuple[int, bytes]]:
         # instr() scans in C; the entries are small and a scan of a million takes well under a second.
         for idx, entry in self._conn.execute(
