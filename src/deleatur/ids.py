@@ -42,7 +42,6 @@ class IdGenerator:
             value |= rand_b
             return str(uuid.UUID(int=value))
 
-
     def after(self, floor: str | None) -> None:
         """Make every later id sort after ``floor`` (the newest id in the store, read
         under the write lock): ids then follow commit order across handles and
