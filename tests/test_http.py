@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from deleatur import AccessDeniedError, AuthenticationError, InvalidInputError, Memory, NewMemory, NotFoundError, Role
+from deleatur import (
+    AccessDeniedError,
+    AuthenticationError,
+    DeleaturError,
+    IntegrityError,
+    InvalidInputError,
+    Memory,
+    NewMemory,
+    NotFoundError,
+    Role,
+)
 from deleatur.client import Client
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.model import Space, SpaceFilter
-from deleatur.servers.http import create_app
+from deleatur.servers.http import MAX_EXPORTS, create_app
 
 from .serving import api_key, new_store, serving
 
@@ -306,3 +321,74 @@ def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.
         assert denied.value.missing == "scope"
         # The pool's handle stays free while an export runs on its own.
         assert remote.recall("note", space=Space("u1"), limit=1)
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Memory]:
+    """About 11 MB of export for one user: far more than the export's queue and the
+    loopback socket's buffers hold, so an export that is not read stays running."""
+    opener = new_store(tmp_path_factory.mktemp("big") / "mem.db")
+    with opener() as memory:
+        for batch in range(10):
+            memory.remember_many(
+                [NewMemory(f"note {batch}-{i} " + "y" * 1000, subject="Alice") for i in range(1000)],
+                space=Space("u1"),
+            )
+    return opener
+
+
+def test_calls_during_an_export_are_not_frozen(big_store: Callable[[], Memory]) -> None:
+    admin_key = api_key(big_store, Role.ADMIN)
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with serving(create_app(big_store)) as url, Client(url, api_key=admin_key) as remote:
+        target = remote.remember("to retire", subject="Bob", space=Space("u2"))
+        started, received = threading.Event(), []
+
+        def read_export() -> None:
+            with httpx.stream("GET", f"{url}/v1/export", params={"user_id": "u1"}, headers=headers) as response:
+                for chunk in response.iter_bytes():
+                    received.append(chunk)
+                    started.set()
+
+        reader = threading.Thread(target=read_export)
+        reader.start()
+        assert started.wait(30)
+        t0 = time.monotonic()
+        remote.forget(record_id=target["id"], space=Space("u2"))  # its WAL checkpoint waits for the export
+        assert time.monotonic() - t0 < 10
+        reader.join(60)
+        assert not reader.is_alive()
+        assert json.loads(b"".join(received))["counts"]["records"] == 10_000
+
+
+def test_exports_beyond_the_limit_get_503(big_store: Callable[[], Memory]) -> None:
+    admin_key = api_key(big_store, Role.ADMIN)
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with (
+        serving(create_app(big_store)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as http,
+        contextlib.ExitStack() as held,
+    ):
+        for _ in range(MAX_EXPORTS):
+            stream = held.enter_context(http.stream("GET", "/v1/export", params={"user_id": "u1"}))
+            assert stream.status_code == 200  # started, then left unread
+        busy = http.get("/v1/export", params={"user_id": "u1"})
+        assert (busy.status_code, busy.json()["error"]["code"]) == (503, "busy")
+
+
+def test_an_export_cut_short_is_reported_not_taken_for_whole(
+    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin_key = api_key(big_store, Role.ADMIN)
+    with serving(create_app(big_store)) as url:
+        decrypt = Memory._decrypt
+        calls = itertools.count()
+
+        def failing(self: Memory, row: Any) -> Any:
+            if next(calls) == 5_000:
+                raise IntegrityError("stored bytes fail authentication")
+            return decrypt(self, row)
+
+        monkeypatch.setattr(Memory, "_decrypt", failing)
+        with Client(url, api_key=admin_key) as remote, pytest.raises(DeleaturError, match="cut short"):
+            remote.export_json(io.StringIO(), user_id="u1")

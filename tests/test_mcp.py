@@ -220,6 +220,8 @@ def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> Non
     }
     opened = httpx2.post(f"{url}/mcp", json=hello, headers={**accept, "Authorization": f"Bearer {owner}"})
     session = opened.headers["mcp-session-id"]
+    made_up = {**accept, "Authorization": f"Bearer {owner}", "mcp-session-id": "0" * 32}
+    assert httpx2.delete(f"{url}/mcp", headers=made_up).status_code == 404  # unknown to the gate: nobody's
     for key, status in ((other, 404), (owner, 200)):
         headers = {**accept, "Authorization": f"Bearer {key}", "mcp-session-id": session}
         ended = httpx2.delete(f"{url}/mcp", headers={**headers, "mcp-protocol-version": "2025-06-18"})

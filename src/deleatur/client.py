@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -35,6 +36,7 @@ DEFAULT_BASIS = "Art. 17"
 _PAGE = 1000
 #: How much of an export's end is kept to read its counts from.
 _COUNTS_TAIL = 4096
+_COUNTS = re.compile(r', "counts": (\{[^{}]*\})\}\s*\Z')
 
 
 def _space(space: Space) -> dict[str, str]:
@@ -315,18 +317,22 @@ class Client:
         """Stream the ``deleatur-export/v1`` document into ``out``, never holding it
         whole; returns its counts (the document's last member)."""
         params = _drop_none({"subject": subject, "user_id": user_id})
-        with self.http.stream("GET", "/v1/export", params=params) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _error(response)
-            tail = ""
-            for text in response.iter_text():
-                out.write(text)
-                tail = (tail + text)[-_COUNTS_TAIL:]
-        start = tail.rfind('"counts": ')
-        if start < 0 or not tail.rstrip().endswith("}"):
-            raise DeleaturError("the export ended early: the server's stream was cut")
-        counts: dict[str, int] = json.JSONDecoder().raw_decode(tail, start + len('"counts": '))[0]
+        tail = ""
+        try:
+            with self.http.stream("GET", "/v1/export", params=params) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error(response)
+                for text in response.iter_text():
+                    out.write(text)
+                    tail = (tail + text)[-_COUNTS_TAIL:]
+        except httpx.HTTPError:
+            raise DeleaturError("the export was cut short: what was written is incomplete") from None
+        # The document's last member; anchored at its end, so no record's metadata can pose as it.
+        found = _COUNTS.search(tail)
+        if found is None:
+            raise DeleaturError("the export was cut short: it does not end with its counts")
+        counts: dict[str, int] = json.loads(found.group(1))
         return counts
 
     # -- the log --------------------------------------------------------------------------

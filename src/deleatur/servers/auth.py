@@ -19,7 +19,8 @@ from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 SESSION_HEADER = "mcp-session-id"
-#: Sessions whose owner the gate remembers; the oldest are forgotten first.
+#: Sessions whose owner the gate remembers; the oldest are forgotten first, and a
+#: forgotten session can no longer be used by anyone (its client opens a new one).
 MAX_SESSIONS = 10_000
 #: Sent with every 401, as RFC 6750 asks.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="deleatur"'}
@@ -67,7 +68,8 @@ class BearerGate:
             await JSONResponse(info.to_json(), status_code=info.status, headers=CHALLENGE)(scope, receive, send)
             return
         session = headers.get(SESSION_HEADER)
-        if session is not None and self.owners.get(session, principal) != principal:
+        # A session the gate did not see opened (or has forgotten) is nobody's to use.
+        if session is not None and self.owners.get(session) != principal:
             info = ErrorInfo(404, "no_such_session", "no such MCP session")
             await JSONResponse(info.to_json(), status_code=404)(scope, receive, send)
             return

@@ -28,6 +28,10 @@ from ..log.tlog import LogError
 from ..rights.restriction import RestrictedSubjectError
 
 
+class ServerBusyError(DeleaturError):
+    """A server refuses work it has no room for now (503); the caller may retry."""
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     status: int
@@ -59,6 +63,7 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     MasterKeyError: (503, "master_key_error"),
     KeyStoreError: (500, "key_store_error"),
     StoreError: (503, "store_unavailable"),
+    ServerBusyError: (503, "busy"),
     IntegrityError: (500, "integrity_error"),
 }
 

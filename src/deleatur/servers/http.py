@@ -32,7 +32,7 @@ from ..memory import Memory
 from ..model import Space, SpaceFilter
 from .auth import CHALLENGE, as_caller
 from .calls import check_certificate, check_receipt, new_request_id, public_key
-from .errors import ErrorInfo, error_info
+from .errors import ErrorInfo, ServerBusyError, error_info
 from .pool import HandlePool
 
 #: The largest request body accepted: a record's text is at most 64 KiB, so 1 MiB
@@ -229,6 +229,8 @@ def _plan(result: ErasureResult) -> dict[str, Any]:
 
 
 _EXPORT_CHUNK = 64 * 1024
+#: Exports running at once; more get 503.
+MAX_EXPORTS = 4
 _DONE = object()
 
 
@@ -268,12 +270,35 @@ class _ChunkWriter:
                     raise _Cancelled from None
 
 
+class _Exports:
+    """The exports running now, each in a thread on a handle of its own: at most
+    ``limit`` (each holds a thread, a handle and its files)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def begin(self) -> bool:
+        with self._lock:
+            if self.live >= self.limit:
+                return False
+            self.live += 1
+            return True
+
+    def end(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+
 async def _stream_export(
-    open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
+    exports: _Exports, open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
 ) -> AsyncIterator[str]:
     """Run the export in a thread on a handle of its own, so the pool's handle stays
     free for other requests meanwhile. Returns the body's chunks once the first exists,
-    or raises what the export raised before writing anything."""
+    or raises what the export raised before writing anything. A failure after that
+    aborts the response (no final chunk), so a client cannot take a cut export for a
+    whole one. The caller has counted the export in ``exports``."""
     chunks: queue.Queue[object] = queue.Queue(maxsize=4)
     stop = threading.Event()
     writer = _ChunkWriter(chunks, stop)
@@ -291,6 +316,8 @@ async def _stream_export(
                 writer.put(exc)
             except _Cancelled:
                 return
+        finally:
+            exports.end()
 
     threading.Thread(target=run, name="deleatur-export", daemon=True).start()
     first = await anyio.to_thread.run_sync(chunks.get)
@@ -303,7 +330,8 @@ async def _stream_export(
             while isinstance(item, str):
                 yield item
                 item = await anyio.to_thread.run_sync(chunks.get)
-            # An error after the first bytes can only cut the body short (invalid JSON).
+            if isinstance(item, BaseException):
+                raise item
         finally:
             stop.set()
 
@@ -320,6 +348,7 @@ def create_app(
     back cost a fifth of the throughput (BENCHMARKS.md). With more, each runs in a
     worker thread on a leased handle."""
     pool = HandlePool(open_memory, limit=handles)
+    exports = _Exports(MAX_EXPORTS)
     workers = anyio.CapacityLimiter(handles)
 
     @asynccontextmanager
@@ -365,7 +394,9 @@ def create_app(
             with pool.lease() as memory:
                 return call(as_caller(memory, api_key))
 
-        if handles == 1:
+        # An export thread holds a read snapshot that a call's WAL checkpoint waits
+        # for: the loop must keep draining the export meanwhile, so no inline calls.
+        if handles == 1 and not exports.live:
             return run()  # nothing else can hold the one handle: no call is in a thread
         return await anyio.to_thread.run_sync(run, limiter=workers)
 
@@ -623,8 +654,9 @@ def create_app(
         export is the subject's plaintext, and a temporary file would outlive a later
         erasure in the disk's free blocks). A refusal comes as an error status; a failure
         after the first bytes can only cut the stream short, which leaves invalid JSON."""
-        api_key = _API_KEY.get()
-        chunks = await _stream_export(open_memory, api_key, subject, user_id)
+        if not exports.begin():
+            raise ServerBusyError(f"{exports.limit} exports are running; try again when one has finished")
+        chunks = await _stream_export(exports, open_memory, _API_KEY.get(), subject, user_id)
         return StreamingResponse(chunks, media_type="application/json")
 
     # -- the log ---------------------------------------------------------------------------
