@@ -1075,7 +1075,7 @@ class Memory:
             allow_ambiguous=allow_ambiguous,
             issue_token=issue_token,
             confirmation=confirmation,
-            require_confirmation=require_confirmation or self.principal.role is Role.AGENT,
+            require_confirmation=require_confirmation,
         )
 
     @guarded("erase_all", D, of_user)
@@ -1104,7 +1104,7 @@ class Memory:
             dry_run=dry_run,
             issue_token=issue_token,
             confirmation=confirmation,
-            require_confirmation=require_confirmation or self.principal.role is Role.AGENT,
+            require_confirmation=require_confirmation,
         )
 
     @guarded("erasure.certificate", (R, V))
@@ -1162,7 +1162,6 @@ class Memory:
             dry_run=dry_run,
             issue_token=issue_token,
             confirmation=confirmation,
-            require_confirmation=self.principal.role is Role.AGENT,
         )
 
     @guarded("purge.audit", A)

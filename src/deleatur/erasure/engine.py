@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..access.principals import Role
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
@@ -183,7 +184,8 @@ def erase(
                     "check the dry run, then pass allow_ambiguous (--allow-ambiguous)",
                     request_id=request_id,
                 )
-            if require_confirmation or confirmation is not None:
+            # An agent principal hard-deletes only what its own dry run showed it.
+            if require_confirmation or confirmation is not None or memory.principal.role is Role.AGENT:
                 if confirmation is None:
                     raise ConfirmationRequiredError(
                         "this caller must confirm: run a dry run with a token and present it", request_id=request_id

@@ -77,7 +77,6 @@ def purge(
     dry_run: bool,
     issue_token: bool = False,
     confirmation: str | None = None,
-    require_confirmation: bool = False,
 ) -> ErasureResult:
     if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:
         raise InvalidInputError(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
@@ -94,7 +93,6 @@ def purge(
         retention=(now, created_before),
         issue_token=issue_token,
         confirmation=confirmation,
-        require_confirmation=require_confirmation,
     )
 
 
