@@ -130,7 +130,8 @@ def record(
         sealed.append({**hidden, "sealed": _seal(memory, row.subject_ref, [rec.key, rec.text, salt])})
     check_writable(memory, refs, for_legal_claim=for_legal_claim)
     # The summary key is a data key like a subject's, under a blind reference of the tenant.
-    memory.keys.key_for_subject(memory.tenant, _summary_key_ref(memory))
+    summary_ref = _summary_key_ref(memory)
+    memory.keys.key_for_subject(memory.tenant, summary_ref)
     now = memory._clock()
     body = {
         "format": FORMAT,
@@ -144,7 +145,7 @@ def record(
         "beliefs": beliefs,
         "redactions": [],
     }
-    stored = {**body, "summary": _seal(memory, _summary_key_ref(memory), body["summary"]), "beliefs": sealed}
+    stored = {**body, "summary": _seal(memory, summary_ref, body["summary"]), "beliefs": sealed}
     digest = _store(memory, body, stored, space, ids, replace=False)
     events.append(
         (Entry(EventType.DECISION, now, {"tenant": memory.tenant, "decision": body["id"], "hash": digest}), None)
@@ -158,6 +159,7 @@ def _store(
     signer = memory.log.signer
     assert signer is not None
     message = canonical(body)
+    digest = hashlib.sha256(message)
     memory.backend.put_decision(
         {
             "tenant": memory.tenant,
@@ -169,12 +171,12 @@ def _store(
             "body": canonical(stored),
             "key_id": signer.key_id.hex(),
             "signature": signer.sign_bytes(CONTEXT + message),
-            "hash": hashlib.sha256(message).digest(),
+            "hash": digest.digest(),
         },
         uses,
         replace=replace,
     )
-    return hashlib.sha256(message).hexdigest()
+    return digest.hexdigest()
 
 
 def _open(memory: Memory, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -209,16 +211,17 @@ def explain_any(memory: Memory, decision_id: str, verifiers: Iterable[Verifier])
 def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: Iterable[Verifier]) -> Decision:
     body, _ = _open(memory, row)
     message = canonical(body)
+    digest = hashlib.sha256(message)
     space = {"user_id": row["user_id"], "agent_id": row["agent_id"], "run_id": row["run_id"]}
     # Numbered like every verification: which check failed is what the caller needs.
-    if hashlib.sha256(message).digest() != bytes(row["hash"]):
+    if digest.digest() != bytes(row["hash"]):
         raise IntegrityError(f"decision {decision_id}: check 1 (hash) failed: the stored body was altered")
     signer = next((v for v in verifiers if v.key_id.hex() == row["key_id"]), None)
     if signer is None or not signer.verify_bytes(CONTEXT + message, bytes(row["signature"])):
         raise IntegrityError(f"decision {decision_id}: check 2 (signature) failed")
     if (body.get("id"), body.get("tenant"), body.get("space")) != (decision_id, memory.tenant, space):
         raise IntegrityError(f"decision {decision_id}: check 3 (identity) failed: the row holds another decision")
-    return Decision(body, hashlib.sha256(message).hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
+    return Decision(body, digest.hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
 
 
 def redact(
