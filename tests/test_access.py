@@ -254,6 +254,35 @@ def test_a_scoped_admin_grants_only_its_own_scopes(memory: Memory) -> None:
         assert denied.value.missing == "scope"
 
 
+def test_every_refused_api_key_is_audited_without_its_secret(memory: Memory, store_path: Path) -> None:
+    principal, api_key = memory.create_principal("svc", Role.MEMBER)
+    secret = split_api_key(api_key)[1]
+    wrong = api_key[:-1] + ("A" if api_key[-1] != "A" else "B")
+    unknown = "dlt_" + "0" * 32 + "_" + secret
+    start = memory.backend.log_size()
+    for bad in ("not a key", unknown, wrong):
+        with pytest.raises(AuthenticationError, match=r"^the API key is"):
+            memory.authenticate(bad)
+    memory.revoke_principal(principal.id)
+    with pytest.raises(AuthenticationError, match=r"^the API key is not valid$"):
+        memory.authenticate(api_key)
+    seen = [
+        (e.entry.fields["actor"], e.entry.fields["outcome"], e.entry.fields["error"])
+        for e in memory.audit_entries(start=start, calls_only=True)
+        if e.entry.fields["action"] == "authenticate"
+    ]
+    assert seen == [
+        ("", "denied", "malformed"),
+        ("0" * 32, "denied", "unknown"),
+        (principal.id, "denied", "secret"),
+        (principal.id, "denied", "revoked"),
+    ]
+    assert memory.verify_audit().ok
+    memory.backend.scrub()
+    for path in store_files(store_path):
+        assert secret.encode() not in path.read_bytes(), path
+
+
 def test_api_keys_authenticate_and_only_their_digest_is_stored(memory: Memory, store_path: Path) -> None:
     principal, api_key = memory.create_principal("svc", Role.MEMBER, scopes=["u1"])
     assert memory.authenticate(api_key) == principal

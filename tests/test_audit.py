@@ -154,10 +154,11 @@ def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
     assert code == 3 and "malformed" in err
     code, out, _ = cli("audit", "show", "--calls", "--json")
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [(r["action"], r["outcome"]) for r in rows[-4:]] == [
+    assert [(r["action"], r["outcome"]) for r in rows[-5:]] == [
         ("recall", "ok"),
         ("recall", "denied"),
         ("principal.list", "denied"),
+        ("authenticate", "denied"),  # the malformed key
         ("audit.show", "ok"),  # showing the trail is a call like any other
     ]
     state = tmp_path / "auditor.state"

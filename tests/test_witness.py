@@ -126,9 +126,14 @@ def test_cosignatures_are_checked_and_attached(memory: Memory, witness: Witness)
     memory.remember("one", subject="a")
     [sig] = witness.add_checkpoint(_first(memory))
     verifier = CosignatureVerifier.from_vkey(witness.vkey)
+    size = memory.backend.log_size()
     cosigned = memory.add_cosignatures(sig.line(), verifier)
     assert len(cosigned.signatures) == 2
-    assert memory.checkpoint() == cosigned  # receipts and proofs now carry the cosignature
+    stored = memory.backend.checkpoint(size)
+    assert stored is not None and Note.parse(stored[1]) == cosigned
+    # The change is an admin's write, so it is audited: its entry follows that checkpoint.
+    audited = next(memory.audit_entries(start=size))
+    assert (audited.entry.fields["action"], audited.entry.fields["outcome"]) == ("log.cosign", "ok")
     assert memory.verify_log().ok
     other = Witness.create(witness.path.with_name("other.db"), "witness.example/other")
     with pytest.raises(InvalidInputError, match="no signature line from witness"):

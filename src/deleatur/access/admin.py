@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
 from ..model import Space
-from .calls import deny
+from .calls import deny, refused_key
 from .principals import Principal, Role, digest_matches, new_api_key, parse_role, split_api_key
 
 if TYPE_CHECKING:
@@ -29,11 +29,22 @@ def _principal(row: Mapping[str, Any]) -> Principal:
 
 
 def authenticate(memory: Memory, api_key: str) -> Principal:
-    principal_id, secret = split_api_key(api_key)
+    try:
+        principal_id, secret = split_api_key(api_key)
+    except AuthenticationError:
+        refused_key(memory, None, None, "malformed")
+        raise
     row = memory.backend.principal(principal_id)
-    if row is None or row["revoked_at"] is not None or not digest_matches(bytes(row["key_digest"]), secret):
-        raise AuthenticationError("the API key is not valid")
-    return _principal(row)
+    if row is None:
+        problem = "unknown"
+    elif row["revoked_at"] is not None:
+        problem = "revoked"
+    elif not digest_matches(bytes(row["key_digest"]), secret):
+        problem = "secret"
+    else:
+        return _principal(row)
+    refused_key(memory, principal_id, row, problem)
+    raise AuthenticationError("the API key is not valid")
 
 
 def create(

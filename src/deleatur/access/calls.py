@@ -7,7 +7,7 @@ for :func:`~deleatur.access.guard.guarded`; the logic is here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..erasure.requests import is_request_id
@@ -96,6 +96,18 @@ def append(memory: Memory, call: Call) -> None:
     """The call's entry in a transaction of its own (a read, a refusal, a failure)."""
     with memory._logged(audit_only=True) as events:
         events.append((entry(memory, call), None))
+
+
+def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any] | None, problem: str) -> None:
+    """Audit a refused API key (its caller is told only that the key is not valid):
+    under the principal id it names, if it is well-formed, and never with its secret.
+    ``problem`` is malformed, unknown, revoked or secret (a wrong one)."""
+    fields = {"action": "authenticate", "actor": principal_id or "", "role": "", "tenant": memory.tenant}
+    if row is not None:
+        fields |= {"role": str(row["role"]), "tenant": str(row["tenant"])}
+    fields |= {"outcome": "denied", "request": memory._ids.new(), "error": problem}
+    with memory._logged(audit_only=True) as events:
+        events.append((Entry(EventType.CALL, memory._clock(), fields), None))
 
 
 def entry(memory: Memory, call: Call) -> Entry:
