@@ -12,6 +12,12 @@ Not a test. Run from the repository root::
 
     .venv/bin/python bench/bench_http.py                    # 3 rounds of 10 s per operation
     .venv/bin/python bench/bench_http.py --handles 4        # four store handles (default: one)
+    .venv/bin/python bench/bench_http.py --workers 2        # two server processes (default: one)
+    .venv/bin/python bench/bench_http.py --wrk              # load from wrk (apt-get install wrk)
+
+With ``--wrk`` the load comes from wrk, a C program that takes far less of the
+shared CPU than the asyncio clients; its latency percentiles are its own
+(``--latency``), and every response must be a 2xx.
 """
 
 from __future__ import annotations
@@ -69,9 +75,9 @@ def free_port() -> int:
         return port
 
 
-def start_server(path: Path, port: int, handles: int) -> subprocess.Popen[bytes]:
+def start_server(path: Path, port: int, handles: int, workers: int) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).with_name("deleatur")), "serve", "http", "--port", str(port)]
-    command += ["--handles", str(handles)]
+    command += ["--handles", str(handles), "--workers", str(workers)]
     env = {**os.environ, "DELEATUR_STORE": str(path), "DELEATUR_MASTER_KEY": MASTER.hex()}
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -165,20 +171,70 @@ async def recall(connection: Any, i: int) -> None:
     await _call(connection, "GET", f"/v1/memories/search?{query}", None, 200)
 
 
+# The same requests as ``remember`` and ``recall`` above, as wrk scripts (Lua).
+_WRK_SCRIPTS = {
+    "remember": """
+local words, n = {}, 0
+for i = 0, %(words)d - 1 do words[i + 1] = "w" .. i end
+wrk.headers["Content-Type"] = "application/json"  -- a headers argument would drop -H's
+request = function()
+  n = n + 1
+  local text = string.format("bench note %%d %%s", n, words[n %% %(words)d + 1])
+  local body = string.format('{"text": "%%s", "subject": "person %%d"}', text, n %% 500)
+  return wrk.format("POST", "/v1/memories", nil, body)
+end
+""",
+    "recall": """
+local words, n = {}, 0
+for i = 0, %(words)d - 1 do words[i + 1] = "w" .. i end
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/v1/memories/search?q=" .. words[(n * 31) %% %(words)d + 1] .. "&limit=10")
+end
+""",
+}
+
+
+def wrk(url: str, key: str, clients: int, seconds: float, operation: str) -> dict[str, float]:
+    """One wrk run of ``operation``: rate and wrk's latency percentiles; any non-2xx fails."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(_WRK_SCRIPTS[operation] % {"words": len(WORDS)})
+        script.flush()
+        command = ["wrk", "-t1", f"-c{clients}", f"-d{max(seconds, 1.0):.0f}s", "--latency", "-s", script.name]
+        command += ["-H", f"Authorization: Bearer {key}", url]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise SystemExit(f"wrk saw failed requests:\n{out}")
+    latency = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip().startswith(("50%", "99%"))}
+    rate = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("Requests/sec:"))
+    return {"per_s": rate, "p50_ms": _ms(latency["50%"]), "p99_ms": _ms(latency["99%"])}
+
+
+def _ms(value: str) -> float:
+    for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if value.endswith(unit):
+            return float(value.removesuffix(unit)) * scale
+    raise ValueError(f"wrk latency {value!r}")
+
+
 def run_round(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         key = prepare(path, args.records)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        server = start_server(path, port, args.handles)
+        server = start_server(path, port, args.handles, args.workers)
         try:
             wait_ready(url, server)
             out: dict[str, float] = {}
             for name, request in (("remember", remember), ("recall", recall)):
                 # A warm-up second first: connections, handles, caches.
-                asyncio.run(hammer(url, key, args.clients, 1.0, request, use_httpx=args.httpx))
-                figures = asyncio.run(hammer(url, key, args.clients, args.seconds, request, use_httpx=args.httpx))
+                if args.wrk:
+                    wrk(url, key, args.clients, 1.0, name)
+                    figures = wrk(url, key, args.clients, args.seconds, name)
+                else:
+                    asyncio.run(hammer(url, key, args.clients, 1.0, request, use_httpx=args.httpx))
+                    figures = asyncio.run(hammer(url, key, args.clients, args.seconds, request, use_httpx=args.httpx))
                 out.update({f"{name}_{k}": v for k, v in figures.items()})
             return out
         finally:
@@ -193,6 +249,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=10_000, help="records in the store before the rounds")
     parser.add_argument("--handles", type=int, default=DEFAULT_HANDLES, help="the server's --handles")
+    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (processes)")
+    parser.add_argument("--wrk", action="store_true", help="drive the load with wrk instead")
     parser.add_argument("--httpx", action="store_true", help="drive the load with httpx.AsyncClient instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -202,7 +260,8 @@ def main() -> None:
     results["rounds"] = args.rounds
     results["clients"] = args.clients
     results["handles"] = args.handles
-    results["load_generator"] = "httpx.AsyncClient" if args.httpx else "asyncio streams"
+    results["workers"] = args.workers
+    results["load_generator"] = "wrk" if args.wrk else "httpx.AsyncClient" if args.httpx else "asyncio streams"
     results["loadavg_before"] = " ".join(f"{x:.2f}" for x in load_before)
     results["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     results["machine"] = machine()

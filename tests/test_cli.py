@@ -4,6 +4,7 @@ leaves the store exactly as it was."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -252,3 +253,15 @@ def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
     code, out, _ = cli("list")
     assert code == 0
     assert "[red]note[/red] about [b]x" in out
+
+
+def test_serve_on_a_port_in_use_is_refused_with_exit_2(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        for workers in ("1", "2"):
+            code, _, err = cli("serve", "http", "--port", port, "--workers", workers)
+            assert code == 2
+            assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err

@@ -5,8 +5,14 @@ while recalls and erasures of other subjects run alongside."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -15,6 +21,7 @@ import pytest
 from deleatur import Role
 from deleatur.servers.http import create_app
 
+from .conftest import MASTER
 from .serving import api_key, new_store, serving
 
 CLIENTS = 24
@@ -69,3 +76,68 @@ def test_concurrent_clients_lose_and_duplicate_nothing(tmp_path: Path, handles: 
     assert Counter(listed) == Counter(written)  # exactly the acknowledged writes, each once
     assert 1 <= app.state.pool.size <= handles
     assert time.monotonic() - started < DEADLINE_S
+
+
+@contextmanager
+def _command(path: Path, workers: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``deleatur serve http --workers N`` as its own process: its first stderr line comes
+    once it listens with every worker started, and connections wait in the backlog
+    until a worker takes them."""
+    command = [
+        str(Path(sys.executable).with_name("deleatur")),
+        "serve",
+        "http",
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+    ]
+    env = {**os.environ, "DELEATUR_STORE": str(path), "DELEATUR_MASTER_KEY": MASTER.hex()}
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as server:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        try:
+            assert line.startswith("deleatur HTTP API on http://127.0.0.1:"), line
+            assert line.endswith(f", {workers} worker processes\n"), line
+            yield line.split()[4], server
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def test_worker_processes_share_one_store_and_lose_nothing(tmp_path: Path) -> None:
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.MEMBER)
+    with _command(tmp_path / "mem.db", 2) as (url, server):
+        workers = _children(server.pid)
+        assert len(workers) == 2
+        written, listed = asyncio.run(asyncio.wait_for(_load(url, key), DEADLINE_S))
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    assert len(written) == CLIENTS * WRITES
+    assert Counter(listed) == Counter(written)
+    assert not any(_alive(pid) for pid in workers)
+    with opener() as memory:
+        assert memory.verify_audit().ok  # both processes' entries form one consistent log
+
+
+def test_a_worker_that_dies_stops_the_server(tmp_path: Path) -> None:
+    new_store(tmp_path / "mem.db")
+    with _command(tmp_path / "mem.db", 2) as (_, server):
+        first, second = _children(server.pid)
+        os.kill(first, signal.SIGKILL)
+        assert server.wait(timeout=30) == 1  # not a server quietly running at half capacity
+    assert not _alive(second)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

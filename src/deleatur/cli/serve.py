@@ -15,6 +15,7 @@ from ..servers.auth import BearerGate
 from ..servers.http import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES, create_app
 from ..servers.mcp import build_server
 from ..servers.pool import HandlePool
+from ..servers.workers import listen, run_workers
 from .common import Options, app, err
 
 serve_app = typer.Typer(help="Serve the store over HTTP or MCP.", no_args_is_help=True)
@@ -48,13 +49,25 @@ def serve_http(
         int, typer.Option("--max-body-bytes", min=1, help="Larger request bodies get 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
     handles: Annotated[
-        int, typer.Option("--handles", min=1, help="Store handles, and library calls running at once.")
+        int, typer.Option("--handles", min=1, help="Store handles per worker, and library calls running at once.")
     ] = DEFAULT_HANDLES,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Server processes, to use more cores (one per core).")
+    ] = 1,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
-    application = create_app(_opener(), max_body_bytes=max_body_bytes, handles=handles)
-    err.print(f"deleatur HTTP API on http://{host}:{port} (OpenAPI at /openapi.json)", markup=False)
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+    opener = _opener()
+    sock = listen(host, port)
+    where = f"http://{host}:{sock.getsockname()[1]} (OpenAPI at /openapi.json)"
+    if workers > 1:
+        where += f", {workers} worker processes"
+    status = run_workers(
+        lambda: create_app(opener, max_body_bytes=max_body_bytes, handles=handles),
+        sock,
+        workers=workers,
+        started=lambda: err.print(f"deleatur HTTP API on {where}", markup=False),
+    )
+    raise typer.Exit(status)
 
 
 @serve_app.command("mcp")
