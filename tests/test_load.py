@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -129,6 +130,20 @@ def test_a_worker_that_dies_stops_the_server(tmp_path: Path) -> None:
         os.kill(first, signal.SIGKILL)
         assert server.wait(timeout=30) == 1  # not a server quietly running at half capacity
     assert not _alive(second)
+
+
+def test_workers_end_with_a_killed_parent(tmp_path: Path) -> None:
+    new_store(tmp_path / "mem.db")
+    with _command(tmp_path / "mem.db", 2) as (_, server):
+        exits = [os.pidfd_open(pid) for pid in _children(server.pid)]
+        server.kill()  # SIGKILL: the parent cannot forward anything
+    try:
+        # A pidfd turns readable when its process ends: no orphan keeps the port.
+        for fd in exits:
+            assert select.select([fd], [], [], 30)[0], "a worker outlived its parent by 30 s"
+    finally:
+        for fd in exits:
+            os.close(fd)
 
 
 def _children(pid: int) -> list[int]:

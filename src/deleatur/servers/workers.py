@@ -17,6 +17,7 @@ leaving a server quietly running at a fraction of its capacity.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ from ..errors import InvalidInputError
 
 #: The listening socket's backlog: connections wait there until a worker takes them.
 BACKLOG = 2048
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -55,6 +57,18 @@ def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, lo
         traceback.print_exc()
         return 1
     return 0
+
+
+def _end_with(parent: int) -> None:
+    """Have the kernel stop this worker when the parent dies, even by SIGKILL, so no
+    orphan keeps serving (and holding the port) with nobody to stop it. Linux only;
+    elsewhere the parent's own signal handling is all there is."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def run_workers(
@@ -96,10 +110,12 @@ def run_workers(
                 break
             sys.stdout.flush()
             sys.stderr.flush()
+            parent = os.getpid()
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child's coverage is not collected
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _end_with(parent)
                 os._exit(_serve(build, sock, log_level, "auto"))
             live.add(pid)
         started()
