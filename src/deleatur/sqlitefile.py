@@ -24,11 +24,6 @@ BUSY_TIMEOUT_MS = 30_000
 # processes those sleeps, not the work, set the tail latency.
 _BUSY_FIRST_S = 50e-6
 _BUSY_MOST_S = 2e-3
-# SQLite's default page cache is 2 MB: at 100k records a recall of rare words then
-# reads most of its postings' ft_docsize and record pages back from the OS, and its
-# cost grows with the file. 32 MB (allocated as pages are read, per connection)
-# keeps the hot index pages of a large store in the process (BENCHMARKS.md, Store).
-CACHE_KIB = 32 * 1024
 
 
 def _pragma(conn: apsw.Connection, name: str, value: str, expect: str | int) -> None:
@@ -72,7 +67,6 @@ def connect(path: Path, *, create: bool, full_sync: bool = False) -> apsw.Connec
         # (it is in the -wal file); FULL also survives power loss, at an fsync per commit.
         _pragma(conn, "synchronous", "FULL" if full_sync else "NORMAL", 2 if full_sync else 1)
         _pragma(conn, "temp_store", "MEMORY", 2)
-        _pragma(conn, "cache_size", str(-CACHE_KIB), -CACHE_KIB)
     except BaseException:
         conn.close()
         raise
