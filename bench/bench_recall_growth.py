@@ -86,6 +86,8 @@ def paired(
             full.append(i)
     out: dict[str, float] = {}
     for label, picked in (("all", range(len(queries))), ("full", full)):
+        if not picked:
+            continue  # no query filled the limit at both sizes
         a = [times[0][i] for i in picked]
         b = [times[1][i] for i in picked]
         out |= {
@@ -132,8 +134,9 @@ def main() -> None:
     args.queries = ours.queries
     load_before = os.getloadavg()
     rounds = [run_round(args, args.seed + 10 * r) for r in range(ours.rounds)]
-    result: dict[str, Any] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    result["ranges"] = {k: [min(r[k] for r in rounds), max(r[k] for r in rounds)] for k in rounds[0]}
+    keys = [k for k in rounds[0] if all(k in r for r in rounds)]
+    result: dict[str, Any] = {k: statistics.median(r[k] for r in rounds) for k in keys}
+    result["ranges"] = {k: [min(r[k] for r in rounds), max(r[k] for r in rounds)] for k in keys}
     result["rounds"] = ours.rounds
     result["queries"] = ours.queries
     result["loadavg_before"] = load_before
@@ -148,6 +151,8 @@ def main() -> None:
         for mix in ("zipf", "uniform"):
             for label in ("all", "full"):
                 key = f"{name}_{mix}_{label}"
+                if key + "_ratio_of_p50" not in result:
+                    continue
                 print(
                     f"{key:<44}{result[key + '_10k_p50_ms']:>10.3f}{result[key + '_100k_p50_ms']:>10.3f}"
                     f"{result[key + '_ratio_of_p50']:>11.2f}{result[key + '_median_ratio']:>14.2f}"

@@ -31,10 +31,11 @@ from deleatur import (
     Space,
     SpaceFilter,
 )
+from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
 
-from .conftest import store_files
+from .conftest import FakeClock, store_files
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
 U1, U2 = Space("u1"), Space("u2")
@@ -281,6 +282,23 @@ def test_every_refused_api_key_is_audited_without_its_secret(memory: Memory, sto
     memory.backend.scrub()
     for path in store_files(store_path):
         assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_flood_of_refused_keys_is_counted_not_written(memory: Memory, clock: FakeClock) -> None:
+    start = memory.backend.log_size()
+    for _ in range(REFUSALS_PER_SECOND + 5):
+        with pytest.raises(AuthenticationError):
+            memory.authenticate("not a key")
+    assert memory.backend.log_size() == start + REFUSALS_PER_SECOND  # the budget of one second
+    clock.advance(1)
+    with pytest.raises(AuthenticationError):
+        memory.authenticate("dlt_" + "1" * 32 + "_" + "A" * 43)
+    refused = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
+    refused = [f for f in refused if f["action"] == "authenticate"]
+    assert len(refused) == REFUSALS_PER_SECOND + 1
+    assert all("unwritten" not in f for f in refused[:-1])
+    assert (refused[-1]["actor"], refused[-1]["unwritten"]) == ("1" * 32, 5)  # the five not written
+    assert memory.verify_audit().ok
 
 
 def test_api_keys_authenticate_and_only_their_digest_is_stored(memory: Memory, store_path: Path) -> None:

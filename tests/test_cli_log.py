@@ -76,6 +76,9 @@ def test_checkpoint_prove_consistency_verify(cli: Cli, store: Path, tmp_path: Pa
     assert cli("log", "prove", "99")[0] == 2
     code, out, _ = cli("log", "consistency", str(old))
     assert out.startswith(f"old {old.read_text().splitlines()[1]}\n")
+    assert cli("log", "checkpoint", "--size", old.read_text().splitlines()[1])[1] == old.read_text()
+    code, _, err = cli("log", "checkpoint", "--size", "999")
+    assert code == 2 and "no stored checkpoint of size 999" in err
     code, out, _ = cli("log", "verify", "--expected-pubkey", _vkey(cli), "--expected-checkpoint", str(old))
     assert code == 0, out
     assert "VERDICT: PASS" in out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.cosignature import CosignatureVerifier
 from deleatur.log.note import Note, Signature, Signer
@@ -129,8 +129,11 @@ def test_cosignatures_are_checked_and_attached(memory: Memory, witness: Witness)
     size = memory.backend.log_size()
     cosigned = memory.add_cosignatures(sig.line(), verifier)
     assert len(cosigned.signatures) == 2
-    stored = memory.backend.checkpoint(size)
-    assert stored is not None and Note.parse(stored[1]) == cosigned
+    assert memory.checkpoint(size=size) == cosigned  # receipts' verifiers can fetch it by size
+    with pytest.raises(NotFoundError, match="no stored checkpoint of size 999"):
+        memory.checkpoint(size=999)
+    with pytest.raises(InvalidInputError, match="size must be"):
+        memory.checkpoint(size=-1)
     # The change is an admin's write, so it is audited: its entry follows that checkpoint.
     audited = next(memory.audit_entries(start=size))
     assert (audited.entry.fields["action"], audited.entry.fields["outcome"]) == ("log.cosign", "ok")

@@ -167,6 +167,7 @@ class Memory:
         )
         self.checkpoint_interval_us = checkpoint_interval_us
         self._shared = _Shared(signed_at=-checkpoint_interval_us, keys_announced=bool(backend.signing_keys()))
+        self._refusals = calls.RefusalBudget()  # shared with the views, as _shared is
         #: Who this handle acts for: the local operator, unless it is a view made by
         #: :meth:`as_principal`. Every public call is authorized and audited as them.
         self.principal = Principal.local_operator(self.tenant)
@@ -494,9 +495,17 @@ class Memory:
         return self.log.verifiers()
 
     @guarded("log.checkpoint", (V, R, W), audit=False)
-    def checkpoint(self) -> Note:
-        """The latest signed checkpoint (signing one now if the log grew without one)."""
-        return self._checkpoint()
+    def checkpoint(self, *, size: int | None = None) -> Note:
+        """The latest signed checkpoint (signing one now if the log grew without one), or
+        the stored one of tree size ``size``, with any cosignatures a witness added to it."""
+        if size is None:
+            return self._checkpoint()
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidInputError("size must be a tree size: an integer >= 0")
+        found = self.backend.checkpoint(size)
+        if found is None:
+            raise NotFoundError(f"no stored checkpoint of size {size}")
+        return Note.parse(found[1])
 
     def _checkpoint(self) -> Note:
         call = self._current
@@ -573,7 +582,7 @@ class Memory:
             raise InvalidInputError(f"cosignature for the checkpoint of size {found[0]}: {exc.message}") from None
         known = set(note.signatures)
         cosigned = note.with_signatures(s for s in mine if s not in known)
-        # A witness's signatures need no key of ours: the call's entry goes in unsigned.
+        # A witness's signatures need no signing key of ours: the call goes ahead without one.
         with self._logged(audit_only=True):
             self.backend.put_checkpoint(found[0], cosigned.format(), replace=True)
         return cosigned

@@ -8,6 +8,7 @@ for :func:`~deleatur.access.guard.guarded`; the logic is here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..erasure.requests import is_request_id
@@ -98,16 +99,50 @@ def append(memory: Memory, call: Call) -> None:
         events.append((entry(memory, call), None))
 
 
+#: Refused API keys audited per second by one open store; the rest are counted.
+REFUSALS_PER_SECOND = 10
+
+
+@dataclass
+class RefusalBudget:
+    """Anyone can present a bad key, and each audited refusal takes the write lock and
+    stays in the log for good: a flood of them must fill neither. Past the budget a
+    refusal is counted, and the next one written says how many were not."""
+
+    second: int = -1
+    written: int = 0
+    unwritten: int = 0
+
+    def admit(self, now: int) -> int | None:
+        """None: only count this refusal. Else: write it, with how many went unwritten."""
+        if now // 1_000_000 != self.second:
+            self.second, self.written = now // 1_000_000, 0
+        if self.written >= REFUSALS_PER_SECOND:
+            self.unwritten += 1
+            return None
+        self.written += 1
+        unwritten, self.unwritten = self.unwritten, 0
+        return unwritten
+
+
 def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any] | None, problem: str) -> None:
     """Audit a refused API key (its caller is told only that the key is not valid):
     under the principal id it names, if it is well-formed, and never with its secret.
     ``problem`` is malformed, unknown, revoked or secret (a wrong one)."""
-    fields = {"action": "authenticate", "actor": principal_id or "", "role": "", "tenant": memory.tenant}
+    now = memory._clock()
+    unwritten = memory._refusals.admit(now)
+    if unwritten is None:
+        return
+    fields: dict[str, Any] = {"action": "authenticate", "actor": principal_id or ""}
     if row is not None:
         fields |= {"role": str(row["role"]), "tenant": str(row["tenant"])}
+    else:
+        fields |= {"role": "", "tenant": memory.tenant}
     fields |= {"outcome": "denied", "request": memory._ids.new(), "error": problem}
+    if unwritten:
+        fields["unwritten"] = unwritten  # refusals since the last entry, over the budget
     with memory._logged(audit_only=True) as events:
-        events.append((Entry(EventType.CALL, memory._clock(), fields), None))
+        events.append((Entry(EventType.CALL, now, fields), None))
 
 
 def entry(memory: Memory, call: Call) -> Entry:

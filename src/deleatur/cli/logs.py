@@ -97,10 +97,15 @@ def keys_export_public(
 
 
 @log_app.command("checkpoint")
-def log_checkpoint(out_file: OutOpt = None) -> None:
+def log_checkpoint(
+    out_file: OutOpt = None,
+    size: Annotated[
+        int | None, typer.Option("--size", min=0, help="The stored checkpoint of this size, with cosignatures.")
+    ] = None,
+) -> None:
     """The latest signed checkpoint (C2SP tlog-checkpoint as a signed note)."""
     with open_memory() as memory:
-        note = memory.checkpoint()
+        note = memory.checkpoint(size=size)
     write_output(out_file, note.format())
 
 

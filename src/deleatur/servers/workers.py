@@ -33,6 +33,9 @@ from ..errors import InvalidInputError
 
 #: The listening socket's backlog: connections wait there until a worker takes them.
 BACKLOG = 2048
+#: How long a stopping worker lets requests in flight (a slow export) finish.
+GRACEFUL_SHUTDOWN_S = 10
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -51,8 +54,13 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, loop: str) -> int:
+    config = uvicorn.Config(
+        build(), log_level=log_level, lifespan="on", loop=loop, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
     try:
-        uvicorn.Server(uvicorn.Config(build(), log_level=log_level, lifespan="on", loop=loop)).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        return 0  # uvicorn re-raises the Ctrl-C it stopped on
     except BaseException:
         traceback.print_exc()
         return 1
@@ -102,7 +110,7 @@ def run_workers(
             with contextlib.suppress(ProcessLookupError):  # already gone: the wait collects it
                 os.kill(pid, signal.SIGTERM)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     failed = False
     try:
         for _ in range(workers):
@@ -111,13 +119,22 @@ def run_workers(
             sys.stdout.flush()
             sys.stderr.flush()
             parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child's coverage is not collected
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                _end_with(parent)
-                os._exit(_serve(build, sock, log_level, "auto"))
-            live.add(pid)
+            # Blocked around the fork, a stop signal waits until the new worker is in
+            # ``live`` (parent) or back on the default handlers (child): neither misses it.
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            try:
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child's coverage is not collected
+                    for signum in _STOP_SIGNALS:
+                        signal.signal(signum, signal.SIG_DFL)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+                    _end_with(parent)
+                    os._exit(_serve(build, sock, log_level, "auto"))
+                live.add(pid)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            if stopping:
+                stop()  # a stop handled between the fork and ``live.add`` reaches this worker too
         started()
         while live:
             pid, status = os.wait()
