@@ -97,7 +97,12 @@ def test_receipt_and_log(client: Client) -> None:
     unpinned = client.verify_receipt(receipt)
     assert unpinned["verdict"] == "PASS"
     assert "KEY NOT PINNED" in unpinned["notes"][0]
-    assert client.checkpoint().startswith(key["origin"] + "\n")
+    latest = client.checkpoint()
+    assert latest.startswith(key["origin"] + "\n")
+    size = int(latest.splitlines()[1])
+    assert client.checkpoint(size=size) == latest  # a stored one, fetched by its size
+    with pytest.raises(NotFoundError, match=f"no stored checkpoint of size {size + 10**6}"):
+        client.checkpoint(size=size + 10**6)
     assert client.verify_log()["verdict"] == "PASS"
 
 

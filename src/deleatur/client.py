@@ -337,9 +337,9 @@ class Client:
 
     # -- the log --------------------------------------------------------------------------
 
-    def checkpoint(self) -> str:
-        """The latest signed checkpoint, as note text."""
-        text: str = self._call("GET", "/v1/checkpoint")["checkpoint"]
+    def checkpoint(self, *, size: int | None = None) -> str:
+        """The latest signed checkpoint, or the stored one of ``size``, as note text."""
+        text: str = self._call("GET", "/v1/checkpoint", params={"size": size})["checkpoint"]
         return text
 
     def public_key(self) -> dict[str, str]:

@@ -667,9 +667,12 @@ def create_app(
         return await serve(public_key)
 
     @app.get("/v1/checkpoint", tags=["log"])
-    async def checkpoint() -> dict[str, Any]:
-        """The latest signed checkpoint (a C2SP signed note)."""
-        return {"checkpoint": await serve(lambda m: m.checkpoint().format())}
+    async def checkpoint(
+        size: Annotated[int | None, Query(ge=0, description="A stored checkpoint's tree size.")] = None,
+    ) -> dict[str, Any]:
+        """The latest signed checkpoint (a C2SP signed note), or the stored one of ``size``
+        with any witness cosignatures."""
+        return {"checkpoint": await serve(lambda m: m.checkpoint(size=size).format())}
 
     @app.get("/v1/audit", tags=["audit"])
     async def audit(
