@@ -348,7 +348,21 @@ def machine() -> dict[str, Any]:
         "deleatur": deleatur.__version__,
         "deleatur_path": str(Path(deleatur.__file__).resolve().parent),
         "revision": revision(),
+        "python_loop_ns": python_loop_ns(),
     }
+
+
+def python_loop_ns() -> float:
+    """Nanoseconds per iteration of an empty Python loop (best of 5): how fast this VM
+    runs this Python, so figures from different VMs can be put side by side (19 on the
+    Intel VM of 2026-11-30, where the AMD VM ran the library 2.5-3.5 times faster)."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter_ns()
+        for _ in range(1_000_000):
+            pass
+        best = min(best, (time.perf_counter_ns() - started) / 1_000_000)
+    return round(best, 1)
 
 
 def medians(runs: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
