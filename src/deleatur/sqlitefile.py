@@ -19,10 +19,10 @@ from .errors import NotADeleaturStoreError, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 # Pages the -wal may hold before a commit copies them into the database (SQLite's
-# default is 1,000). A single write appends ~21 pages, mostly the same hot pages as the
+# default is 1,000). A single write appends ~18 pages, mostly the same hot pages as the
 # last write's (index edges, the full-text index's newest segment, the log's tail);
 # a checkpoint copies each distinct page once and syncs both files, so a longer -wal
-# means fewer copies and syncs per write: +12 % single writes/s (BENCHMARKS.md, Store).
+# means fewer copies and syncs per write: +12-25 % single writes/s (BENCHMARKS.md, Store).
 # The -wal grows to ~40 MB between checkpoints; every removal still truncates it.
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 # Waits between tries for a lock another connection holds. SQLite's own busy timeout
