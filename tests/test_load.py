@@ -163,6 +163,26 @@ def test_workers_end_with_a_killed_parent(tmp_path: Path) -> None:
             os.close(fd)
 
 
+def test_a_worker_whose_app_fails_stays_in_its_own_process() -> None:
+    # The forked workers must end in _child, never run on through the caller's code.
+    program = """
+import sys
+from deleatur.servers.workers import listen, run_workers
+def build():
+    raise RuntimeError("no app")
+try:
+    status = run_workers(build, listen("127.0.0.1", 0), workers=2)
+except BaseException as exc:
+    print("escaped", type(exc).__name__, flush=True)
+    sys.exit(3)
+print("status", status, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "status 1\n"), done.stderr
+    # The first failure stops the other worker, which may not have got as far.
+    assert "RuntimeError: no app" in done.stderr
+
+
 def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 

@@ -25,6 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from types import FrameType
+from typing import NoReturn
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -54,10 +55,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, loop: str) -> int:
-    config = uvicorn.Config(
-        build(), log_level=log_level, lifespan="on", loop=loop, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
-    )
     try:
+        config = uvicorn.Config(
+            build(), log_level=log_level, lifespan="on", loop=loop, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        )
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         return 0  # uvicorn re-raises the Ctrl-C it stopped on
@@ -77,6 +78,21 @@ def _end_with(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+
+
+def _child(
+    build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, parent: int, mask: set[int | signal.Signals]
+) -> NoReturn:
+    """A forked worker's whole life: it never returns into the code that forked it."""
+    status = 1
+    try:
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _end_with(parent)
+        status = _serve(build, sock, log_level, "auto")
+    finally:
+        os._exit(status)
 
 
 def run_workers(
@@ -121,18 +137,14 @@ def run_workers(
             parent = os.getpid()
             # Blocked around the fork, a stop signal waits until the new worker is in
             # ``live`` (parent) or back on the default handlers (child): neither misses it.
-            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             try:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child's coverage is not collected
-                    for signum in _STOP_SIGNALS:
-                        signal.signal(signum, signal.SIG_DFL)
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-                    _end_with(parent)
-                    os._exit(_serve(build, sock, log_level, "auto"))
+                    _child(build, sock, log_level, parent, mask)
                 live.add(pid)
             finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if stopping:
                 stop()  # a stop handled between the fork and ``live.add`` reaches this worker too
         started()
