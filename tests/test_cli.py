@@ -261,7 +261,7 @@ def test_serve_on_a_port_in_use_is_refused_with_exit_2(cli: Cli) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = str(taken.getsockname()[1])
-        for workers in ("1", "2"):
-            code, _, err = cli("serve", "http", "--port", port, "--workers", workers)
-            assert code == 2
+        for command in (["http", "--workers", "1"], ["http", "--workers", "2"], ["mcp", "--transport", "http"]):
+            code, _, err = cli("serve", *command, "--port", port)
+            assert code == 2, command
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err

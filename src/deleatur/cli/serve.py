@@ -7,7 +7,6 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
-import uvicorn
 
 from ..crypto.master import from_environment
 from ..memory import Memory
@@ -89,8 +88,16 @@ def serve_mcp(
         if transport is Transport.stdio:
             server.run("stdio")
         else:
-            err.print(f"deleatur MCP server on http://{host}:{port}/mcp", markup=False)
-            gated = BearerGate(server.streamable_http_app(host=host), pool)
-            uvicorn.run(gated, host=host, port=port, log_level="warning")
+            # One process: MCP sessions live in its memory. Its tools run in threads.
+            sock = listen(host, port)
+            where = f"http://{host}:{sock.getsockname()[1]}/mcp"
+            status = run_workers(
+                lambda: BearerGate(server.streamable_http_app(host=host), pool),
+                sock,
+                workers=1,
+                started=lambda: err.print(f"deleatur MCP server on {where}", markup=False),
+            )
+            if status:
+                raise typer.Exit(status)
     finally:
         pool.close()
