@@ -30,39 +30,21 @@ import statistics
 import sys
 import tempfile
 import time
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench_store import Corpus, machine, open_store, parse_args, percentile, write_batches
 from deleatur import Memory, Space
-from deleatur.memory import _COMMON_TERM_DOCS, _MAX_QUERY_TERMS, _TERM_CANDIDATES, _TOKEN, _fold_term
 
 SIZES = (10_000, 100_000)
 LIMIT = 10
 
 
 def ranking(mem: Memory) -> Callable[[str, Space], int]:
-    """The ranking query as ``Memory.recall`` makes it, without decryption or audit.
+    """Recall's ranking query alone (``Memory._ranked``), without decryption or audit.
     It reaches into the library's internals on purpose: that is the part to isolate."""
-
-    def run(text: str, space: Space) -> int:
-        prefix = mem._scope_token(space)
-        words = _TOKEN.findall(unicodedata.normalize("NFKC", text))[:_MAX_QUERY_TERMS]
-        terms = list(dict.fromkeys(prefix + _fold_term(w) for w in words))
-        hits = mem.backend.search(
-            mem.tenant,
-            space,
-            terms,
-            now=mem._clock(),
-            limit=LIMIT,
-            common=_COMMON_TERM_DOCS,
-            per_term=_TERM_CANDIDATES,
-        )
-        return len(hits)
-
-    return run
+    return lambda text, space: len(mem._ranked(text, space, LIMIT))
 
 
 def public(mem: Memory) -> Callable[[str, Space], int]:

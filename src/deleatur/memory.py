@@ -1235,6 +1235,10 @@ class Memory:
         every word is in more than ``_COMMON_TERM_DOCS`` (10,000) records returns the
         newest matches, unranked (score 0).
         """
+        return [Hit(self._decrypt(row), score) for row, score in self._ranked(query, space, limit)]
+
+    def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
+        """Recall's ranking: the stored rows of the best matches, still encrypted."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
         words = _TOKEN.findall(unicodedata.normalize("NFKC", query) if isinstance(query, str) else "")
@@ -1242,7 +1246,7 @@ class Memory:
             raise InvalidInputError("query has no searchable words")
         prefix = self._scope_token(space)
         wanted = list(dict.fromkeys(prefix + _fold_term(w) for w in words[:_MAX_QUERY_TERMS]))
-        hits = self.backend.search(
+        return self.backend.search(
             self.tenant,
             space,
             wanted,
@@ -1251,7 +1255,6 @@ class Memory:
             common=_COMMON_TERM_DOCS,
             per_term=_TERM_CANDIDATES,
         )
-        return [Hit(self._decrypt(row), score) for row, score in hits]
 
     @guarded("list", R, in_space)
     def list(
