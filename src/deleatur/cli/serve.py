@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated
 
 import typer
+from starlette.types import ASGIApp
 
 from ..crypto.master import from_environment
 from ..memory import Memory
@@ -40,6 +42,18 @@ def _opener() -> Callable[[], Memory]:
     return open_memory
 
 
+def _serve(name: str, host: str, port: int, tail: str, build: Callable[[], ASGIApp], *, workers: int = 1) -> None:
+    """Listen, say where once every worker runs, serve until stopped; exit non-zero if
+    a worker failed."""
+    sock = listen(host, port)
+    where = f"deleatur {name} on http://{host}:{sock.getsockname()[1]}{tail}"
+    if workers > 1:
+        where += f", {workers} worker processes"
+    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False))
+    if status:
+        raise typer.Exit(status)
+
+
 @serve_app.command("http")
 def serve_http(
     host: HostOpt = "127.0.0.1",
@@ -55,18 +69,8 @@ def serve_http(
     ] = 1,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
-    opener = _opener()
-    sock = listen(host, port)
-    where = f"http://{host}:{sock.getsockname()[1]} (OpenAPI at /openapi.json)"
-    if workers > 1:
-        where += f", {workers} worker processes"
-    status = run_workers(
-        lambda: create_app(opener, max_body_bytes=max_body_bytes, handles=handles),
-        sock,
-        workers=workers,
-        started=lambda: err.print(f"deleatur HTTP API on {where}", markup=False),
-    )
-    raise typer.Exit(status)
+    app = functools.partial(create_app, _opener(), max_body_bytes=max_body_bytes, handles=handles)
+    _serve("HTTP API", host, port, " (OpenAPI at /openapi.json)", app, workers=workers)
 
 
 @serve_app.command("mcp")
@@ -89,15 +93,6 @@ def serve_mcp(
             server.run("stdio")
         else:
             # One process: MCP sessions live in its memory. Its tools run in threads.
-            sock = listen(host, port)
-            where = f"http://{host}:{sock.getsockname()[1]}/mcp"
-            status = run_workers(
-                lambda: BearerGate(server.streamable_http_app(host=host), pool),
-                sock,
-                workers=1,
-                started=lambda: err.print(f"deleatur MCP server on {where}", markup=False),
-            )
-            if status:
-                raise typer.Exit(status)
+            _serve("MCP server", host, port, "/mcp", lambda: BearerGate(server.streamable_http_app(host=host), pool))
     finally:
         pool.close()
