@@ -128,11 +128,13 @@ def test_worker_processes_share_one_store_and_lose_nothing(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_stops_the_server_cleanly(tmp_path: Path, workers: int, stop: signal.Signals) -> None:
+    """Ctrl-C or a service manager's SIGTERM: exit 0 with no traceback, however many workers."""
     new_store(tmp_path / "mem.db")
     with _command(tmp_path / "mem.db", workers) as (url, server):
         assert httpx.get(f"{url}/openapi.json", timeout=30).status_code == 200  # serving
-        server.send_signal(signal.SIGINT)
+        server.send_signal(stop)
         assert server.wait(timeout=30) == 0
         assert server.stderr is not None
         assert "Traceback" not in server.stderr.read()

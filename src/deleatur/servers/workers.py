@@ -54,14 +54,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Stopped(BaseException):
+    """A SIGTERM in a server that runs in the command's own process: like Ctrl-C's
+    KeyboardInterrupt, it ends whatever is running, be it the app's build or the
+    re-raise of the signal with which uvicorn ends after its graceful shutdown."""
+
+
+def _stopped(_signum: int, _frame: FrameType | None) -> NoReturn:
+    raise _Stopped
+
+
 def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, loop: str) -> int:
     try:
         config = uvicorn.Config(
             build(), log_level=log_level, lifespan="on", loop=loop, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
         )
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:
-        return 0  # uvicorn re-raises the Ctrl-C it stopped on
+    except (KeyboardInterrupt, _Stopped):
+        return 0  # a stop signal: uvicorn re-raises the one it stopped on
     except BaseException:
         traceback.print_exc()
         return 1
@@ -114,8 +124,13 @@ def run_workers(
         # 0.1-0.15 s on asyncio's loop, under wrk; BENCHMARKS.md): fairness is worth
         # the 15-20 % more requests/s it gave. Forked workers keep uvloop: there its
         # p99 matched asyncio's, at 1.5-1.8 times asyncio's requests/s.
-        started()
-        return _serve(build, sock, log_level, "asyncio")
+        # A SIGTERM stops it as cleanly as Ctrl-C, with status 0 as several workers give.
+        handler = signal.signal(signal.SIGTERM, _stopped)
+        try:
+            started()
+            return _serve(build, sock, log_level, "asyncio")
+        finally:
+            signal.signal(signal.SIGTERM, handler)
     live: set[int] = set()
     stopping = False
 
