@@ -91,20 +91,24 @@ def _bm25(api: apsw.FTS5ExtensionApi, *frequencies: apsw.SQLiteValue) -> float:
     cached = api.aux_data
     if cached is None:
         rows = max(api.row_count, 1)
-        idf = []
-        for df in frequencies:
+        weights = []
+        for phrase, df in enumerate(frequencies):
             assert isinstance(df, int)
             hits = min(df, rows)  # an estimate may exceed the count
             # As FTS5 does: a term in over half the records still weighs a little.
-            idf.append(max(math.log((rows - hits + 0.5) / (hits + 0.5)), 1e-6))
-        api.aux_data = cached = (max(api.column_total_size(0) / rows, 1.0), idf)
-    average, idf = cached
-    norm = _K1 * (1 - _B + _B * api.column_size(0) / average)
+            idf = max(math.log((rows - hits + 0.5) / (hits + 0.5)), 1e-6)
+            weights.append((phrase, idf * (_K1 + 1)))
+        average = max(api.column_total_size(0) / rows, 1.0)
+        # Called once per candidate row: the length norm is reduced to base + slope * size.
+        api.aux_data = cached = (_K1 * (1 - _B), _K1 * _B / average, weights)
+    base, slope, weights = cached
+    norm = base + slope * api.column_size(0)
+    offsets = api.phrase_column_offsets
     score = 0.0
-    for phrase, weight in enumerate(idf):
-        tf = len(api.phrase_column_offsets(phrase, 0))
+    for phrase, weight in weights:
+        tf = len(offsets(phrase, 0))
         if tf:
-            score += weight * tf * (_K1 + 1) / (tf + norm)
+            score += weight * tf / (tf + norm)
     return score
 
 
