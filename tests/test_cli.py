@@ -136,6 +136,8 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("remember", "t", "-s", " "), None, "subject must not be empty"),
         (("remember", "t", "-s", "a", "--metadata", "{nope"), None, "metadata is not valid JSON"),
         (("remember", "t", "-s", "a", "--expires-at", "soon"), None, "--expires-at"),
+        (("remember", "t", "-s", "a", "--expires-at", "99999999d"), None, "'99999999d' is after the year 9999"),
+        (("remember", "t", "-s", "a", "--expires-at", "0001-01-01"), None, "'0001-01-01' is before 1970"),
         (("remember", "t", "-s", "a", "--confidence", "2"), None, "between 0 and 1"),
         (("remember", "t", "-s", "a", "--derived-from", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "unknown"),
         (("get", "01a22a03-19d9-75ea-b6f8-0a895b612b14"), None, "no record"),

@@ -159,6 +159,18 @@ def test_expired_records_are_never_recalled(memory: Memory, clock: FakeClock) ->
     assert memory.recall("note") == []
 
 
+def test_expiry_must_have_a_calendar_date(memory: Memory) -> None:
+    """A time past 9999-12-31 has no ISO 8601 form: accepted, it made the record, its
+    space's listing and its subject's export fail on every read."""
+    latest = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+    kept = memory.remember("kept a long time", subject="a", expires_at=latest)
+    assert memory.get(kept.id).to_json()["expires_at"] == "9999-12-31T23:59:59.999999Z"
+    for bad in (latest + 1, -1, 2**63):
+        with pytest.raises(InvalidInputError, match="from 1970 to the year 9999"):
+            memory.remember("never stored", subject="a", expires_at=bad)
+    assert [r.id for r in memory.list()] == [kept.id]
+
+
 def test_lineage_must_name_existing_records(memory: Memory) -> None:
     with pytest.raises(NotFoundError, match="unknown record id"):
         memory.remember("x", subject="a", derived_from=["01a22a03-19d9-75ea-b6f8-0a895b612b14"])

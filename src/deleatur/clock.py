@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 #: A clock returns the current time as integer microseconds since the Unix epoch.
 Clock = Callable[[], int]
@@ -20,15 +20,26 @@ def system_clock() -> int:
 system_random: Random = os.urandom
 
 
+# Exact integer arithmetic: through float seconds, a time near the year 9999 lost
+# its last microseconds and could round past the end of the calendar.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def to_datetime(micros: int) -> datetime:
-    return datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
+    return _EPOCH + micros * _MICROSECOND
 
 
 def from_datetime(value: datetime) -> int:
     if value.tzinfo is None:
         # A naive datetime would silently mean "the machine's local time".
         raise ValueError("datetime must be timezone-aware")
-    return int(value.timestamp() * 1_000_000)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+#: The last microsecond a time is written for (9999-12-31T23:59:59.999999Z): later
+#: ones have no ISO 8601 form, so no stored time may lie beyond it.
+LATEST = 253_402_300_799_999_999
 
 
 def isoformat(micros: int) -> str:
@@ -45,11 +56,15 @@ def parse_when(value: str, now: int) -> int:
     """
     text = value.strip()
     if len(text) > 1 and text[-1] in _UNITS and text[:-1].isdigit():
-        return now + int(text[:-1]) * _UNITS[text[-1]] * 1_000_000
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{value!r} is neither an ISO 8601 time nor a delay like 30d, 12h, 15m") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return from_datetime(parsed)
+        when = now + int(text[:-1]) * _UNITS[text[-1]] * 1_000_000
+    else:
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is neither an ISO 8601 time nor a delay like 30d, 12h, 15m") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        when = from_datetime(parsed)
+    if not 0 <= when <= LATEST:
+        raise ValueError(f"{value!r} is {'before 1970' if when < 0 else 'after the year 9999'}")
+    return when

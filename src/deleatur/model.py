@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clock import isoformat
+from .clock import LATEST, isoformat
 from .errors import InvalidInputError
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -188,10 +188,9 @@ class NewMemory:
         if self.expires_at is not None and (
             isinstance(self.expires_at, bool)
             or not isinstance(self.expires_at, int)
-            or not 0 <= self.expires_at < 2**63
+            or not 0 <= self.expires_at <= LATEST
         ):
-            # The upper bound is SQLite's: a larger integer cannot be stored.
-            raise InvalidInputError("expires_at must be microseconds since the epoch")
+            raise InvalidInputError("expires_at must be microseconds since the epoch, from 1970 to the year 9999")
 
 
 @dataclass(frozen=True, slots=True)
