@@ -77,6 +77,17 @@ def test_ambiguous_and_confirmation(cli: Cli, store: Path) -> None:
     assert "already used" in err
 
 
+def test_a_token_request_never_erases(cli: Cli, store: Path) -> None:
+    """--issue-token belongs to a dry run: asked without one, nothing is erased."""
+    code, _, err = cli("erase", "bob", "--request-id", "D4", "--basis", "b", "--issue-token")
+    assert code == 2
+    assert "a confirmation token comes from a dry run" in err
+    code, out, _ = cli("list", "--subject", "Bob", "--json")
+    assert [r["text"] for r in json.loads(out)] == ["Bob met Alice Smith"]
+    code, out, _ = cli("requests", "--json")
+    assert json.loads(out) == []
+
+
 def test_erase_all_user1_spares_user10(cli: Cli, store: Path) -> None:
     code, out, _ = cli("erase-all", "--user", "user1", "--request-id", "ACC-1", "--basis", "Art. 17(1)(a)")
     assert code == 0

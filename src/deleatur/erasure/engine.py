@@ -130,6 +130,9 @@ def erase(
         # A peer's delete_all with no filter wiped every user: never here.
         raise InvalidInputError("an account erasure needs a user id", request_id=request_id)
 
+    if issue_token and not dry_run:
+        # Asked for a token, the caller means to look first: never erase instead.
+        raise InvalidInputError("a confirmation token comes from a dry run: add dry_run", request_id=request_id)
     if dry_run:
         plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None
