@@ -200,9 +200,18 @@ def test_store_problems_exit_2(cli: Cli, tmp_path: Path) -> None:
     conn = apsw.Connection(str(other))
     conn.execute("CREATE TABLE t(x)")
     conn.close()
+    theirs = other.read_bytes()
     code, _, err = cli("--store", str(other), "list")
     assert code == 2
     assert "is not a deleatur store" in err
+    assert other.read_bytes() == theirs  # not even switched to WAL
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("other")) == ["other.db"]
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    code, _, err = cli("--store", str(empty), "list")
+    assert code == 2
+    assert "is empty, not an initialized store: remove it, then run `deleatur init`" in err
+    assert empty.read_bytes() == b""
 
 
 def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:

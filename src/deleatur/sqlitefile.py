@@ -57,7 +57,16 @@ def _busy_handler() -> Callable[[int], bool]:
     return retry
 
 
-def connect(path: Path, *, create: bool, full_sync: bool = False) -> apsw.Connection:
+def connect(
+    path: Path,
+    *,
+    create: bool,
+    full_sync: bool = False,
+    identify: Callable[[apsw.Connection], None] | None = None,
+) -> apsw.Connection:
+    """A connection set up for this project's files. ``identify`` raises if the file is
+    not the kind the caller expects; it runs before anything is written, since setting
+    the journal mode alone rewrites a database's header (and gives an empty file one)."""
     flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
     try:
         conn = apsw.Connection(str(path), flags=flags)
@@ -68,6 +77,8 @@ def connect(path: Path, *, create: bool, full_sync: bool = False) -> apsw.Connec
     except apsw.CantOpenError:
         raise StoreError(f"cannot open {path}") from None
     try:
+        if identify is not None:
+            identify(conn)
         _pragma(conn, "secure_delete", "ON", 1)
         _pragma(conn, "journal_mode", "WAL", "wal")
         # NORMAL in WAL mode: a committed transaction survives a crash of the process

@@ -86,13 +86,22 @@ class KeyStore:
     ) -> KeyStore:
         if not create and not path.exists():
             raise MasterKeyError(f"key store {path} is missing: the store's records cannot be decrypted")
-        conn = connect(path, create=create, full_sync=full_sync)
+        conn = connect(path, create=create, full_sync=full_sync, identify=lambda c: cls._identify(c, path, create))
         try:
             key = cls._initialize(conn, path, store_id=store_id, master=master, create=create, random=random)
         except BaseException:
             conn.close()
             raise
         return cls(path, store_id=store_id, conn=conn, master=key, random=random, clock=clock)
+
+    @staticmethod
+    def _identify(conn: apsw.Connection, path: Path, create: bool) -> None:
+        """Refuse a file that is neither a key store nor, when creating, an empty one."""
+        app_id = conn.execute("PRAGMA application_id").fetchall()[0][0]
+        if app_id == KEYSTORE_APPLICATION_ID:
+            return
+        if app_id != 0 or not create or conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]:
+            raise NotADeleaturStoreError(f"{path} is not a deleatur key store")
 
     @staticmethod
     def _initialize(
@@ -119,8 +128,6 @@ class KeyStore:
                     [("store_id", store_id.encode()), ("kdf_salt", salt), ("master_check", check)],
                 )
             return key
-        if app_id != KEYSTORE_APPLICATION_ID:
-            raise NotADeleaturStoreError(f"{path} is not a deleatur key store")
         meta = {k: bytes(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         if meta.get("store_id") != store_id.encode():
             raise MasterKeyError(f"key store {path} belongs to another store")

@@ -208,14 +208,19 @@ def _int(conn: apsw.Connection, sql: str) -> int:
     return value
 
 
-def prepare(conn: apsw.Connection, path: Path, *, create: bool, new_meta: dict[str, str]) -> None:
-    """Check the file is a deleatur store we understand, creating or migrating it."""
+def identify(conn: apsw.Connection, path: Path, *, create: bool) -> None:
+    """Refuse a file that is not a deleatur store, or (unless creating) one not yet made
+    into one, before anything is written to it."""
     app_id = _int(conn, "PRAGMA application_id")
     if app_id != APPLICATION_ID:
         if app_id != 0 or _int(conn, "SELECT count(*) FROM sqlite_schema") > 0:
             raise NotADeleaturStoreError(f"{path} is not a deleatur store")
         if not create:
-            raise StoreError(f"{path} is an empty database, not an initialized store; run `deleatur init`")
+            raise StoreError(f"{path} is empty, not an initialized store: remove it, then run `deleatur init`")
+
+
+def prepare(conn: apsw.Connection, path: Path, *, new_meta: dict[str, str]) -> None:
+    """Create or migrate a file :func:`identify` accepted."""
     latest = max(MIGRATIONS)
     version = _int(conn, "PRAGMA user_version")
     if version > latest:

@@ -18,7 +18,7 @@ from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
 from ..sqlitefile import connect, immediate, scrub, sidecar_files
 from .protocol import Node, RowFilter, StoredRow
-from .schema import prepare
+from .schema import identify, prepare
 
 _COLUMNS = (
     "id, tenant, user_id, agent_id, run_id, subject_ref, key_ref, key_id, status,"
@@ -157,9 +157,9 @@ class SQLiteBackend:
             raise NotFoundError(f"no store at {path}; run `deleatur init` first")
         if path.is_dir():
             raise StoreError(f"{path} is a directory, not a store file")
-        conn = connect(path, create=create, full_sync=full_sync)
+        conn = connect(path, create=create, full_sync=full_sync, identify=lambda c: identify(c, path, create=create))
         try:
-            prepare(conn, path, create=create, new_meta={"store_id": uuid.uuid4().hex, "created_at": str(clock())})
+            prepare(conn, path, new_meta={"store_id": uuid.uuid4().hex, "created_at": str(clock())})
             return cls(path, conn)
         except BaseException:
             conn.close()
