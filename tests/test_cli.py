@@ -149,6 +149,11 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
         (("recall", "!!!"), None, "no searchable words"),
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
+        # An output that cannot be written is refused before the write it would record.
+        (("remember", "t", "-s", "a", "--receipt", "/no-such-dir/r.json"), None, "no directory /no-such-dir"),
+        (("remember", "t", "-s", "a", "--receipt", "/"), None, "cannot write /: it is a directory"),
+        (("export", "-s", "a", "--out", "/no-such-dir/a.json"), None, "no directory /no-such-dir"),
+        (("export", "-u", "default", "--format", "csv", "--out", sys.executable), None, "needs a directory"),
     ],
 )
 def test_bad_input_exits_2_and_changes_nothing(

@@ -34,6 +34,7 @@ from .common import (
     UserOpt,
     add_row,
     app,
+    check_writable,
     emit,
     err,
     open_memory,
@@ -117,6 +118,8 @@ def remember(
         expires = None if expires_at is None else parse_when(expires_at, system_clock())
     except ValueError as exc:
         raise InvalidInputError(f"--expires-at: {exc}") from None
+    if receipt_file is not None:
+        check_writable(receipt_file)
     with open_memory() as memory:
         record = memory.remember(
             read_text(text),

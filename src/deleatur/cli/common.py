@@ -132,6 +132,17 @@ def read_input(path: str) -> str:
         raise InvalidInputError(f"{path} is not UTF-8 text") from None
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an output file that could not be written, before the work that produces
+    it changes anything: a write whose receipt then fails would be retried, twice."""
+    if path.is_dir():
+        raise InvalidInputError(f"cannot write {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise InvalidInputError(f"cannot write {path}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise InvalidInputError(f"cannot write {path}: permission denied")
+
+
 def write_output(path: Path | None, text: str) -> None:
     """Write to ``path``, or to standard output when no path is given."""
     if path is None:

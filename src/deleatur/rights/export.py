@@ -217,9 +217,14 @@ def export_csv(
     memory: Memory, directory: Path, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
     job = _Export(memory, subject=subject, user_id=user_id)
+    if directory.exists() and not directory.is_dir():
+        raise InvalidInputError(f"{directory} is a file; a csv export needs a directory")
     if directory.exists() and any(directory.iterdir()):
         raise InvalidInputError(f"{directory} is not empty; refusing to mix exports")
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot create {directory}: {exc.strerror}") from None
     with (
         (directory / "records.csv").open("w", newline="", encoding="utf-8") as rec_file,
         (directory / "log.csv").open("w", newline="", encoding="utf-8") as log_file,
