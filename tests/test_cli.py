@@ -149,6 +149,10 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
         (("recall", "!!!"), None, "no searchable words"),
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
+        (("remember", "t", "-s", "a", "--metadata", "[" * 5000 + "]" * 5000), None, "nested more than 32 levels"),
+        (("list", "--limit", str(2**63)), None, "limit must be an integer from 1 to"),
+        (("audit", "show", "--from", str(10**20)), None, "start must be an integer from 0 to"),
+        (("audit", "verify", "--state", "/no-such-dir/x.state"), None, "no directory /no-such-dir"),
         # An output that cannot be written is refused before the write it would record.
         (("remember", "t", "-s", "a", "--receipt", "/no-such-dir/r.json"), None, "no directory /no-such-dir"),
         (("remember", "t", "-s", "a", "--receipt", "/"), None, "cannot write /: it is a directory"),

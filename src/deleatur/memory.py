@@ -77,6 +77,7 @@ from .model import (
     Status,
     canonical_key,
     canonical_subject,
+    check_int,
     validate_text,
 )
 from .rights.export import TextSink, export_csv, export_json
@@ -1272,8 +1273,8 @@ class Memory:
         checked (and the call audited) when it is made, not when the first record is read."""
         if after is not None and not is_record_id(after):
             raise InvalidInputError(f"after: {after!r} is not a record id")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise InvalidInputError("limit must be a positive number")
+        if limit is not None:
+            check_int(limit, "limit", low=1)
         where = RowFilter(
             tenant=self.tenant,
             space=space,

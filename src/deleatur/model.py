@@ -148,9 +148,23 @@ def parse_metadata(raw: str) -> dict[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        # Deeper than the parser's stack, so far past what validate_metadata allows.
+        raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None
     if not isinstance(value, dict):
         raise InvalidInputError("metadata must be a JSON object")
     return validate_metadata(value)
+
+
+#: SQLite's largest integer: a count or an index beyond it cannot even be looked up.
+MAX_INT = 2**63 - 1
+
+
+def check_int(value: object, name: str, *, low: int) -> int:
+    """An integer argument from ``low`` to :data:`MAX_INT`, else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_INT:
+        raise InvalidInputError(f"{name} must be an integer from {low} to {MAX_INT}")
+    return value
 
 
 def validate_confidence(confidence: float | None) -> float | None:

@@ -29,6 +29,7 @@ from ..log.entries import Entry, EventType
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
 from ..log.retention import pruned_leaf
+from ..model import check_int
 from .principals import Capability
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ def entries(
 ) -> Iterator[AuditEntry]:
     """The entries of the caller's tenant (and the store-wide key announcements),
     oldest first, from log index ``start``. Bad arguments are refused at once."""
-    if start < 0 or (limit is not None and limit < 1):
-        raise InvalidInputError("start must be >= 0 and limit >= 1")
+    check_int(start, "start", low=0)
+    if limit is not None:
+        check_int(limit, "limit", low=1)
     return _entries(memory, start, limit, calls_only, actor)
 
 
@@ -92,6 +94,8 @@ def _entries(
 
 def verify(memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: Path | None = None) -> Report:
     pinned = None
+    if state is not None and not state.parent.is_dir():
+        raise InvalidInputError(f"cannot keep the auditor state in {state}: no directory {state.parent}")
     if state is not None and state.exists():
         try:
             pinned = Note.parse(state.read_text(encoding="utf-8"))

@@ -34,7 +34,7 @@ from .common import (
     UserOpt,
     add_row,
     app,
-    check_writable,
+    check_output_path,
     emit,
     err,
     open_memory,
@@ -119,7 +119,7 @@ def remember(
     except ValueError as exc:
         raise InvalidInputError(f"--expires-at: {exc}") from None
     if receipt_file is not None:
-        check_writable(receipt_file)
+        check_output_path(receipt_file)
     with open_memory() as memory:
         record = memory.remember(
             read_text(text),

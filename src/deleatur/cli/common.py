@@ -132,7 +132,7 @@ def read_input(path: str) -> str:
         raise InvalidInputError(f"{path} is not UTF-8 text") from None
 
 
-def check_writable(path: Path) -> None:
+def check_output_path(path: Path) -> None:
     """Refuse an output file that could not be written, before the work that produces
     it changes anything: a write whose receipt then fails would be retried, twice."""
     if path.is_dir():

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InvalidInputError
-from .common import JsonOpt, add_row, app, check_writable, emit, open_memory, out
+from .common import JsonOpt, add_row, app, check_output_path, emit, open_memory, out
 from .erasure import report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
@@ -70,7 +70,7 @@ def export(
     if fmt == "csv" and out_path is None:
         raise InvalidInputError("a csv export needs --out DIRECTORY")
     if fmt == "json" and out_path is not None:
-        check_writable(out_path)
+        check_output_path(out_path)
     with open_memory() as memory:
         if fmt == "csv":
             assert out_path is not None
