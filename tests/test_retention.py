@@ -33,6 +33,20 @@ def test_policy_sets_expiry_by_kind_of_space(memory: Memory, clock: FakeClock) -
         memory.set_retention("run", 0)
 
 
+def test_purges_in_the_same_second_are_two_requests(memory: Memory, clock: FakeClock) -> None:
+    """A cron job or two callers may purge twice within a second: each run is its own
+    request, and the second one erases what expired since the first."""
+    first = memory.remember("first expiring", subject="a", expires_at=clock.now + 1)
+    clock.advance(0.001)
+    one = memory.purge().request
+    second = memory.remember("second expiring", subject="b", expires_at=clock.now + 1)
+    clock.advance(0.001)
+    two = memory.purge().request
+    assert one is not None and two is not None
+    assert one.id != two.id
+    assert (one.record_ids, two.record_ids) == ((first.id,), (second.id,))
+
+
 def test_purge_removes_expired_and_old_records_with_tombstones(
     memory: Memory, clock: FakeClock, store_path: Path
 ) -> None:

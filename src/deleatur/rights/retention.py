@@ -86,7 +86,9 @@ def purge(
         memory,
         subject=None,
         scope=EVERYWHERE,
-        request_id=request_id or f"RET-{now // 1_000_000}",
+        # A new id each run: one per second let a second purge within that second
+        # collide with (or silently repeat) the first.
+        request_id=request_id or f"RET-{memory._ids.new()}",
         basis=BASIS,
         requester="retention policy",
         dry_run=dry_run,
