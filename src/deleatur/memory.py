@@ -1002,6 +1002,7 @@ class Memory:
                 if found is None:
                     raise NotFoundError("no active value for this key in this space")
                 row = found
+            check_writable(self, [row.subject_ref], for_legal_claim=None)
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))

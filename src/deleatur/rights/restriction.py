@@ -88,13 +88,19 @@ def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
     memory.backend.scrub()
 
 
-def check_writable(memory: Memory, subject_refs: list[bytes], *, for_legal_claim: bool) -> None:
+def check_writable(memory: Memory, subject_refs: list[bytes], *, for_legal_claim: bool | None) -> None:
+    """Refuse a change to a restricted subject's records. ``for_legal_claim`` None: the
+    call has no such exemption (retiring a record serves no claim)."""
     if for_legal_claim:
         return
     if memory.backend.any_restricted(memory.tenant, subject_refs):
         raise RestrictedSubjectError(
-            "processing of this subject is restricted (Art. 18); a write serving a legal claim must say so "
-            "(for_legal_claim / --for-legal-claim)"
+            "processing of this subject is restricted (Art. 18); "
+            + (
+                "its records are only kept until the restriction is lifted"
+                if for_legal_claim is None
+                else "a write serving a legal claim must say so (for_legal_claim / --for-legal-claim)"
+            )
         )
 
 
