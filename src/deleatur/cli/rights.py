@@ -116,7 +116,7 @@ def purge(
     older_than: Annotated[
         float | None, typer.Option("--older-than", help="Also purge records older than DAYS.")
     ] = None,
-    request_id: Annotated[str | None, typer.Option("--request-id", help="[default: RET-<a new time-ordered id>]")] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id", help="[default: RET-<new id>]")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go; change nothing.")] = False,
     include_audit: Annotated[
         bool,
