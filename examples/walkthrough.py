@@ -95,7 +95,7 @@ def main() -> None:
         run("witness", "init", "--state", str(state), "--name", "witness.example/w1")
         run("witness", "add-log", "--state", str(state), vkey)
         first = tmpdir / "first.txt"
-        first.write_text("old 0\n\n" + old.read_text())
+        run("log", "consistency", str(old), "--new-witness", "--out", str(first))
         run("witness", "cosign", "--state", str(state), str(first))
         request = tmpdir / "request.txt"
         run("log", "consistency", str(old), "--out", str(request))

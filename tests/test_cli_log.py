@@ -96,7 +96,9 @@ def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     cp = tmp_path / "cp.txt"
     cli("log", "checkpoint", "--out", str(cp))
     first = tmp_path / "first.txt"
-    first.write_text("old 0\n\n" + cp.read_text())
+    # A witness new to the log first cosigns cp.txt itself (a request from size 0).
+    assert cli("log", "consistency", str(cp), "--new-witness", "--out", str(first))[0] == 0
+    assert first.read_text() == "old 0\n\n" + cp.read_text()
     code, out, _ = cli("witness", "cosign", "--state", str(state), str(first))
     assert code == 0
     assert out.startswith("\u2014 witness.example/w ")

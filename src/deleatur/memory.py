@@ -547,8 +547,11 @@ class Memory:
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
 
     @guarded("log.consistency", (V, R), audit=False)
-    def consistency_request(self, old: Note) -> str:
-        """Prove the current log extends ``old``, as a tlog-witness add-checkpoint body."""
+    def consistency_request(self, old: Note, *, new_witness: bool = False) -> str:
+        """Prove the current log extends ``old``, as a tlog-witness add-checkpoint body.
+        With ``new_witness``, ask a witness that has not seen this log yet to cosign
+        ``old`` itself: a request from size 0, which needs no proof; later requests
+        then start from ``old``."""
         try:
             open_note(old, self.log.verifiers())
             previous = Checkpoint.parse(old.text)
@@ -562,6 +565,8 @@ class Memory:
             raise LogError(f"the log has {size} entries, fewer than the old checkpoint's {previous.size}")
         if self.log.root(previous.size) != previous.root:
             raise LogError(f"this log's root at size {previous.size} differs from the old checkpoint's")
+        if new_witness:
+            return format_request(0, [], old)
         return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
 
     @guarded("log.cosign", A)

@@ -120,12 +120,15 @@ def log_prove(index: int, out_file: OutOpt = None) -> None:
 @log_app.command("consistency")
 def log_consistency(
     old_checkpoint: Annotated[str, typer.Argument(help="A checkpoint file this log signed earlier ('-': stdin).")],
+    new_witness: Annotated[
+        bool, typer.Option("--new-witness", help="Ask a witness new to this log to cosign OLD_CHECKPOINT itself.")
+    ] = False,
     out_file: OutOpt = None,
 ) -> None:
     """Prove the log extends OLD_CHECKPOINT: a tlog-witness add-checkpoint request body."""
     old = _note(read_input(old_checkpoint), "old checkpoint")
     with open_memory() as memory:
-        body = memory.consistency_request(old)
+        body = memory.consistency_request(old, new_witness=new_witness)
     write_output(out_file, body)
 
 
