@@ -40,6 +40,16 @@ def test_init_writes_a_0600_key_file_outside_the_database(tmp_path: Path) -> Non
         assert [r.text for r in again.list()] == ["hello"]
 
 
+def test_master_key_file_as_a_path_or_a_string(store_path: Path, tmp_path: Path) -> None:
+    key_file = tmp_path / "master.key"
+    key_file.write_text(MASTER.hex())
+    Memory.open(store_path, from_file(key_file), create=True).close()
+    Memory.open(store_path, from_file(str(key_file))).close()  # as the README writes it
+    key_file.write_bytes(b"\xff" * 64)
+    with pytest.raises(MasterKeyError, match=f"master key in {key_file} is not hex"):
+        Memory.open(store_path, from_file(key_file))
+
+
 def test_wrong_master_key_is_refused(store_path: Path) -> None:
     Memory.open(store_path, from_bytes(MASTER), create=True).close()
     with pytest.raises(MasterKeyError, match="wrong master key"):

@@ -66,17 +66,20 @@ def from_passphrase(passphrase: str) -> MasterKeySource:
     return MasterKeySource("a passphrase (scrypt)", derive)
 
 
-def from_file(path: Path) -> MasterKeySource:
+def from_file(path: Path | str) -> MasterKeySource:
     """Read lazily, when the store asks for the key: a missing store is reported as
     such, not as a missing key file."""
+    path = Path(path)
 
     def derive(_salt: bytes) -> bytes:
         try:
             content = path.read_text(encoding="ascii")
         except FileNotFoundError:
             raise MasterKeyError(f"master key file {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise MasterKeyError(f"cannot read master key file {path}: {exc}") from None
+        except UnicodeDecodeError:
+            raise MasterKeyError(f"master key in {path} is not hex") from None
+        except OSError as exc:
+            raise MasterKeyError(f"cannot read master key file {path}: {exc.strerror}") from None
         return _parse_hex(content, str(path))
 
     return MasterKeySource(str(path), derive)
