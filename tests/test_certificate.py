@@ -266,3 +266,86 @@ def test_space_scope_is_pseudonymous_in_the_certificate(memory: Memory) -> None:
     cert = memory.certificate("ACC-1")
     assert "cust_5521" not in json.dumps(cert)
     assert _verify(memory, cert) == []
+
+
+# A damaged certificate fails a named check; it never crashes the verifier.
+
+_DELETE = object()
+_WRONG_VALUES: list[Any] = ["x", 0, [], {}, None, _DELETE]
+_SECRET = "Alice's phone is +100"
+
+
+@pytest.fixture(scope="module")
+def issued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Any], StoreEvidence]]:
+    """One erasure certificate, built once for the module, with read-only evidence of its store."""
+    path = tmp_path_factory.mktemp("issued") / "mem.db"
+    with Memory.open(path, from_bytes(MASTER), clock=FakeClock(), create=True, checkpoint_interval_us=0) as memory:
+        memory.new_signing_key()
+        memory.remember_many([NewMemory(f"bystander {i}", subject=f"p{i % 3}") for i in range(5)])
+        first = memory.remember(_SECRET, subject="Alice", key="alice::phone")
+        memory.remember("Derived from Alice", subject="Team", derived_from=[first.id])
+        memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
+        cert = memory.certificate("DSAR-17")
+    evidence = StoreEvidence(path)
+    yield cert, evidence
+    evidence.close()
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every path in a JSON tree, the containers' as well as the leaves'; the root's is ()."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for k, v in items:
+        yield from _paths(v, (*path, k))
+
+
+def _damaged(cert: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return None if value is _DELETE else copy.deepcopy(value)
+    doc = copy.deepcopy(cert)
+    parent = _get(doc, path[:-1])
+    if value is _DELETE:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = copy.deepcopy(value)
+    return doc
+
+
+@pytest.mark.parametrize("with_store", [False, True], ids=["offline", "store"])
+@pytest.mark.parametrize("value", _WRONG_VALUES, ids=["str", "int", "list", "dict", "null", "deleted"])
+def test_every_field_with_a_wrong_type_or_deleted_fails_a_named_check(
+    issued: tuple[dict[str, Any], StoreEvidence], value: Any, with_store: bool
+) -> None:
+    cert, evidence = issued
+    assert verify_certificate(copy.deepcopy(cert), store=evidence).ok
+    paths = list(_paths(cert))
+    assert len(paths) > 60
+    checked = 0
+    for path in paths:
+        if value is not _DELETE and json.dumps(_get(cert, path)) == json.dumps(value):
+            continue  # not a change
+        damaged = _damaged(cert, path, value)
+        try:
+            report = verify_certificate(damaged, store=evidence if with_store else None)
+        except Exception as exc:  # the assertion names the field that crashed the verifier
+            raise AssertionError(f"{list(path)} := {value!r}: {type(exc).__name__}: {exc}") from exc
+        assert not report.ok, f"{list(path)} := {value!r} went unnoticed"
+        assert report.lines()[-1].startswith("VERDICT: FAIL (check "), (path, report.lines())
+        assert report.failed[0].detail, path
+        assert _SECRET not in json.dumps(report.to_json())
+        checked += 1
+    assert checked > 60
+
+
+def test_a_checkpoint_too_large_for_the_store_fails_the_pinned_check(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    """A consistency proof to a tree of 2**8200 entries must not reach the store's integer columns."""
+    _, cert, pinned = erased
+    forged = copy.deepcopy(cert)
+    note = Note.parse(forged["certificate"]["checkpoint"])
+    lines = note.text.split("\n")
+    lines[1] = str(2**8200)
+    forged["certificate"]["checkpoint"] = Note("\n".join(lines), note.signatures).format()
+    report = verify_certificate(forged, expected_checkpoint=pinned, store=evidence)
+    assert "pinned_checkpoint" in [c.name for c in report.failed]

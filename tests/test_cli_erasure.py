@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,48 @@ def test_residue_and_bad_input(cli: Cli, store: Path, tmp_path: Path) -> None:
     assert "not JSON" in err
     junk.write_text("{}")
     assert cli("verify", str(junk))[0] == 1
+
+
+def test_a_damaged_certificate_is_a_fail_verdict_not_an_internal_error(cli: Cli, store: Path, tmp_path: Path) -> None:
+    assert cli("erase", "alice smith", *ERASE)[0] == 0
+    cert = tmp_path / "cert.json"
+    assert cli("certificate", "--request-id", "DSAR-17", "--out", str(cert))[0] == 0
+    _, vkey, _ = cli("keys", "export-public")
+    good = json.loads(cert.read_text())
+    damaged = tmp_path / "damaged.json"
+
+    def verify(change: Any, *args: str) -> tuple[int, list[str], str]:
+        data = json.loads(json.dumps(good))
+        change(data["certificate"])
+        damaged.write_text(json.dumps(data))
+        code, out, err = cli("verify", str(damaged), *args)
+        return code, out.strip().split("\n"), err
+
+    code, lines, err = verify(lambda b: b["tombstones"][0].update(index="x"), "--store", str(store))
+    assert (code, err) == (1, ""), err
+    assert (
+        "FAIL  4 tombstones: the tombstones are malformed: certificate.tombstones[0].index is not an integer" in lines
+    )
+    assert (
+        "FAIL  9 store_log: the tombstones cannot be looked up: certificate.tombstones[0].index is not an integer"
+        in lines
+    )
+    assert lines[-1] == "VERDICT: FAIL (check 2 signature, check 4 tombstones, check 9 store_log)"
+
+    code, lines, err = verify(lambda b: b.update(request="x"))
+    assert (code, err) == (1, "")
+    assert lines == [
+        "FAIL  1 format: malformed certificate: certificate.request is not an object",
+        "VERDICT: FAIL (check 1 format)",
+    ]
+
+    # The pinned key's name is read from the certificate before it is verified: that must not crash either.
+    code, lines, err = verify(lambda b: b.update(store=[]), "--expected-pubkey", vkey.strip())
+    assert (code, err) == (1, "")
+    assert lines[-1] == "VERDICT: FAIL (check 1 format)"
+
+    # JSON that Python cannot load (an integer of 5000 digits) is unreadable input, like a truncated file.
+    damaged.write_text('{"certificate": ' + "1" * 5000 + "}")
+    code, out, err = cli("verify", str(damaged))
+    assert (code, out) == (2, "")
+    assert len(err.strip().split("\n")) == 1 and "internal error" not in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeGuard
 
 import typer
 from rich.table import Table
@@ -15,7 +15,7 @@ from ..erasure.engine import ErasureResult
 from ..erasure.plan import ErasurePlan
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
-from ..log.note import Note, NoteError
+from ..log.note import Note, NoteError, check_key_name
 from ..model import SpaceFilter
 from ..store.evidence import StoreEvidence
 from .common import JsonOpt, add_row, app, emit, open_memory, out, pin_key, print_report, read_input, write_output
@@ -207,6 +207,8 @@ def verify(
         document: Any = json.loads(read_input(certificate_file))
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{certificate_file} is not JSON: {exc.msg}") from None
+    except (ValueError, RecursionError):  # an integer too long to convert, or nesting too deep
+        raise InvalidInputError(f"{certificate_file} is not JSON this verifier can read") from None
     pinned = None
     if expected_checkpoint is not None:
         try:
@@ -216,9 +218,11 @@ def verify(
     key = None
     if expected_pubkey is not None:
         # A raw hex key is named after the log it signs, which the certificate names.
+        # A damaged certificate must reach verify_certificate, which names the check it fails.
         body = document.get("certificate") if isinstance(document, dict) else None
-        origin = body.get("store", {}).get("origin") if isinstance(body, dict) else None
-        key = pin_key(expected_pubkey, str(origin or "deleatur"))
+        store_id = body.get("store") if isinstance(body, dict) else None
+        origin = store_id.get("origin") if isinstance(store_id, dict) else None
+        key = pin_key(expected_pubkey, origin if _is_key_name(origin) else "deleatur")
     evidence = None if store is None else StoreEvidence(store)
     try:
         report = verify_certificate(document, expected_key=key, expected_checkpoint=pinned, store=evidence)
@@ -226,6 +230,16 @@ def verify(
         if evidence is not None:
             evidence.close()
     print_report(report, as_json)
+
+
+def _is_key_name(value: Any) -> TypeGuard[str]:
+    if not isinstance(value, str):
+        return False
+    try:
+        check_key_name(value)
+    except NoteError:
+        return False
+    return True
 
 
 @app.command()

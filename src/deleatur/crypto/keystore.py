@@ -49,6 +49,10 @@ def _frame(parts: tuple[str | bytes, ...]) -> bytes:
     return b"".join(_LENGTH.pack(len(raw)) + raw for raw in raws)
 
 
+#: Bytes of a blind-index reference: HMAC-SHA-256, truncated.
+REF_SIZE = 16
+
+
 class BlindIndex:
     """Keyed pseudonyms for values the store must look up but not hold in clear."""
 
@@ -56,7 +60,7 @@ class BlindIndex:
         self._key = key
 
     def ref(self, purpose: str, *parts: str | bytes) -> bytes:
-        return hmac.new(self._key, _frame((purpose, *parts)), sha256).digest()[:16]
+        return hmac.new(self._key, _frame((purpose, *parts)), sha256).digest()[:REF_SIZE]
 
 
 class KeyStore:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from ..crypto.keystore import REF_SIZE
 from ..errors import NotFoundError
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
@@ -36,16 +38,62 @@ from .scope import scope_statement
 
 
 class _Invalid(Exception):
-    pass
+    """A field of the certificate is missing or has the wrong shape. The message names
+    the field, never its value: a forged certificate may carry anything."""
 
 
-def _b64(value: Any) -> bytes:
+_T = TypeVar("_T")
+_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
+
+
+def _field(parent: dict[str, Any], key: str, kind: type[_T], where: str, default: _T | None = None) -> _T:
+    """``parent[key]`` if it is a ``kind`` (a JSON integer is never a boolean); else
+    ``default`` when the key is absent and a default is given; else :class:`_Invalid`."""
+    name = f"{where}.{key}" if where else key
+    if key not in parent:
+        if default is not None:
+            return default
+        raise _Invalid(f"{name} is missing")
+    value = parent[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise _Invalid(f"{name} is not {_KINDS[kind]}")
+    return value
+
+
+def _count(parent: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = _field(parent, key, int, where, default)
+    if value < 0:
+        raise _Invalid(f"{where}.{key} is negative")
+    return value
+
+
+def _b64(value: Any, name: str) -> bytes:
     if not isinstance(value, str):
-        raise _Invalid("a base64 field is not a string")
+        raise _Invalid(f"{name} is not {_KINDS[str]}")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise _Invalid("a base64 field is malformed") from None
+        raise _Invalid(f"{name} is not valid base64") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tombstone:
+    index: int
+    entry: bytes
+    proof: list[bytes]
+
+
+def _tombstone_list(body: dict[str, Any]) -> list[_Tombstone]:
+    """The certificate's tombstones, each checked for shape (not for inclusion)."""
+    out = []
+    for i, item in enumerate(_field(body, "tombstones", list, "certificate")):
+        where = f"certificate.tombstones[{i}]"
+        if not isinstance(item, dict):
+            raise _Invalid(f"{where} is not {_KINDS[dict]}")
+        index, entry = _count(item, "index", where), _b64(item.get("entry"), f"{where}.entry")
+        proof = [_b64(p, f"{where}.proof[{j}]") for j, p in enumerate(_field(item, "proof", list, where))]
+        out.append(_Tombstone(index, entry, proof))
+    return out
 
 
 def verify_certificate(
@@ -57,27 +105,40 @@ def verify_certificate(
 ) -> Report:
     report = Report("erasure certificate")
     try:
-        body = document["certificate"]
-        signature = _b64(document["signature"])
-        if body["format"] != FORMAT:
-            raise _Invalid(f"unknown format {body['format']!r}")
-        key = Verifier.from_vkey(body["public_key"])
-        note = Note.parse(body["checkpoint"])
+        if not isinstance(document, dict):
+            raise _Invalid(f"the document is not {_KINDS[dict]}")
+        body = _field(document, "certificate", dict, "")
+        signature = _b64(document.get("signature"), "signature")
+        if _field(body, "format", str, "certificate") != FORMAT:
+            raise _Invalid(f"certificate.format is not {FORMAT}")
+        key = Verifier.from_vkey(_field(body, "public_key", str, "certificate"))
+        note = Note.parse(_field(body, "checkpoint", str, "certificate"))
         checkpoint = Checkpoint.parse(note.text)
-        request, erasure, store_id = body["request"], body["erasure"], body["store"]
-        tenant = str(store_id["tenant"])
-        record_ids = [str(r) for r in erasure["record_ids"]]
-    except (KeyError, TypeError, _Invalid, NoteError) as exc:
-        detail = exc.message if isinstance(exc, NoteError) else f"malformed certificate ({exc})"
-        report.add("format", False, detail)
+        request = _field(body, "request", dict, "certificate")
+        request_id = _field(request, "id", str, "certificate.request")
+        erasure = _field(body, "erasure", dict, "certificate")
+        store_id = _field(body, "store", dict, "certificate")
+        tenant = _field(store_id, "tenant", str, "certificate.store")
+        record_ids = _field(erasure, "record_ids", list, "certificate.erasure")
+        if not all(isinstance(r, str) for r in record_ids):
+            raise _Invalid("certificate.erasure.record_ids holds a value that is not a string")
+        try:
+            message = signed_message(body)
+        except (TypeError, ValueError):
+            raise _Invalid("the certificate holds a value JSON cannot represent") from None
+    except _Invalid as exc:
+        report.add("format", False, f"malformed certificate: {exc}")
         return report
-    report.add("format", True, f"{FORMAT}, request {request.get('id')}")
+    except NoteError as exc:
+        report.add("format", False, exc.message)
+        return report
+    report.add("format", True, f"{FORMAT}, request {request_id}")
 
     trusted = key
     if expected_key is not None and expected_key.vkey != key.vkey:
         report.add("signature", False, "signed by a different key than the pinned one")
         trusted = expected_key
-    elif key.verify_bytes(signed_message(body), signature):
+    elif key.verify_bytes(message, signature):
         report.add("signature", True, f"every field signed by {key.name} ({key.key_id.hex()})")
     else:
         report.add("signature", False, "the signature over the certificate does not verify")
@@ -87,30 +148,9 @@ def verify_certificate(
     else:
         report.add("checkpoint", False, "the checkpoint is not signed by the certificate's key")
 
-    report.add("tombstones", *_tombstones(body, checkpoint, record_ids, str(request.get("id"))))
-
-    attested = len(record_ids) > 0 and len(body.get("tombstones", [])) == len(record_ids)
-    report.add(
-        "attests_erasure",
-        attested,
-        f"{len(record_ids)} record(s) erased" if attested else "this certificate attests no erasure (zero records)",
-    )
-
-    try:
-        expected_scope = scope_statement(
-            kind=str(request["kind"]),
-            records=int(erasure["records"]),
-            key_destroyed=bool(erasure["key_destroyed"]),
-            kept_elsewhere=int(request["counts"].get("kept_in_other_spaces", 0)),
-            other_keys_kept=_other_keys_kept(erasure),
-            wal_truncated=bool(erasure["wal_truncated"]),
-        )
-        intact = expected_scope == body["scope_statement"] and int(erasure["records"]) == len(record_ids)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        intact = False
-    report.add(
-        "scope_intact", intact, "matches the certificate's facts" if intact else "the scope statement was altered"
-    )
+    report.add("tombstones", *_tombstones(body, checkpoint, record_ids, request_id))
+    report.add("attests_erasure", *_attests(body, record_ids))
+    report.add("scope_intact", *_scope_intact(body, request, erasure, record_ids))
 
     if expected_checkpoint is None:
         report.add("pinned_checkpoint", None, "no checkpoint pinned")
@@ -132,22 +172,56 @@ def verify_certificate(
             report.add(name, None, "no --store given")
         report.notes.append("ABSENCE NOT CHECKED: pass --store to check the erased records are gone from the store.")
         return report
-    same = store.store_id == store_id.get("store_id") and checkpoint.origin == f"deleatur/{store.store_id}"
-    report.add(
-        "store_identity",
-        same,
-        f"store {store.store_id}" if same else "the certificate was issued by another store",
-    )
+    report.add("store_identity", *_store_identity(store_id, checkpoint, store))
     report.add("store_log", *_store_log(body, checkpoint, store))
     report.add("store_absent", *_absent(store, tenant, record_ids, erasure))
     return report
 
 
+def _attests(body: dict[str, Any], record_ids: list[str]) -> tuple[bool, str]:
+    if not record_ids:
+        return False, "this certificate attests no erasure (zero records)"
+    tombstones = body.get("tombstones")
+    count = len(tombstones) if isinstance(tombstones, list) else 0
+    if count != len(record_ids):
+        return False, f"{len(record_ids)} record(s) erased but {count} tombstone(s) to attest them"
+    return True, f"{len(record_ids)} record(s) erased"
+
+
+def _scope_intact(
+    body: dict[str, Any], request: dict[str, Any], erasure: dict[str, Any], record_ids: list[str]
+) -> tuple[bool, str]:
+    try:
+        records = _count(erasure, "records", "certificate.erasure")
+        expected = scope_statement(
+            kind=_field(request, "kind", str, "certificate.request"),
+            records=records,
+            key_destroyed=_field(erasure, "key_destroyed", bool, "certificate.erasure"),
+            kept_elsewhere=_count(
+                _field(request, "counts", dict, "certificate.request"),
+                "kept_in_other_spaces",
+                "certificate.request.counts",
+                0,
+            ),
+            other_keys_kept=_other_keys_kept(erasure),
+            wal_truncated=_field(erasure, "wal_truncated", bool, "certificate.erasure"),
+        )
+    except _Invalid as exc:
+        return False, f"the scope statement cannot be rebuilt: {exc}"
+    if records != len(record_ids):
+        return False, f"the certificate counts {records} record(s) but names {len(record_ids)}"
+    if expected != body.get("scope_statement"):
+        return False, "the scope statement was altered"
+    return True, "matches the certificate's facts"
+
+
 def _other_keys_kept(erasure: dict[str, Any]) -> int:
-    subjects, destroyed = int(erasure.get("subjects", 0)), int(erasure.get("keys_destroyed", 0))
+    where = "certificate.erasure"
+    subjects, destroyed = _count(erasure, "subjects", where, 0), _count(erasure, "keys_destroyed", where, 0)
+    key_destroyed = _field(erasure, "key_destroyed", bool, where)
     if erasure.get("subject_ref") is None:
-        return 0 if erasure.get("key_destroyed") else subjects - destroyed
-    return max(subjects - destroyed, 0) if erasure.get("key_destroyed") else max(subjects - destroyed - 1, 0)
+        return 0 if key_destroyed else subjects - destroyed
+    return max(subjects - destroyed, 0) if key_destroyed else max(subjects - destroyed - 1, 0)
 
 
 def _tombstones(
@@ -155,16 +229,17 @@ def _tombstones(
 ) -> tuple[bool, str]:
     seen: list[str] = []
     try:
-        for item in body["tombstones"]:
-            index, entry = int(item["index"]), _b64(item["entry"])
-            proof = [_b64(p) for p in item["proof"]]
-            parsed = Entry.decode(entry)
+        for i, item in enumerate(_tombstone_list(body)):
+            try:
+                parsed = Entry.decode(item.entry)
+            except EntryError as exc:
+                return False, f"a tombstone is malformed: certificate.tombstones[{i}].entry: {exc.message}"
             if parsed.type is not EventType.TOMBSTONE or parsed.fields.get("request") != request_id:
-                return False, f"entry {index} is not a tombstone of request {request_id}"
-            verify_inclusion(index, checkpoint.size, leaf_hash(entry), proof, checkpoint.root)
+                return False, f"entry {item.index} is not a tombstone of request {request_id}"
+            verify_inclusion(item.index, checkpoint.size, leaf_hash(item.entry), item.proof, checkpoint.root)
             seen.append(str(parsed.record))
-    except (KeyError, TypeError, ValueError, _Invalid, EntryError) as exc:
-        return False, f"a tombstone is malformed ({exc})"
+    except _Invalid as exc:
+        return False, f"the tombstones are malformed: {exc}"
     except ProofError as exc:
         return False, exc.message
     if sorted(seen) != sorted(record_ids):
@@ -187,6 +262,8 @@ def _pinned(pinned: Note, key: Verifier, checkpoint: Checkpoint, store: StoreEvi
     if store is None:
         return False, "a consistency proof needs the store's log: pass --store"
     small, large = sorted((old, checkpoint), key=lambda c: c.size)
+    if large.size > store.log_size():
+        return False, "the store's log is shorter than the trees a consistency proof spans"
     try:
         proof = consistency_proof(small.size, large.size, store.log_node)
         verify_consistency(small.size, large.size, small.root, large.root, proof)
@@ -197,13 +274,28 @@ def _pinned(pinned: Note, key: Verifier, checkpoint: Checkpoint, store: StoreEvi
     return True, f"consistent with the pinned checkpoint of size {old.size}"
 
 
+def _store_identity(store_id: dict[str, Any], checkpoint: Checkpoint, store: StoreEvidence) -> tuple[bool, str]:
+    try:
+        claimed = _field(store_id, "store_id", str, "certificate.store")
+    except _Invalid as exc:
+        return False, f"the certificate does not name its store: {exc}"
+    if claimed != store.store_id or checkpoint.origin != f"deleatur/{store.store_id}":
+        return False, "the certificate was issued by another store"
+    return True, f"store {store.store_id}"
+
+
 def _store_log(body: dict[str, Any], checkpoint: Checkpoint, store: StoreEvidence) -> tuple[bool, str]:
     size = store.log_size()
     if size < checkpoint.size:
         return False, f"the store's log has {size} entries, fewer than the certificate's {checkpoint.size}"
-    for item in body["tombstones"]:
-        if store.log_entry(int(item["index"])) != _b64(item["entry"]):
-            return False, f"tombstone {item['index']} is missing from the store's log"
+    try:
+        tombstones = _tombstone_list(body)
+    except _Invalid as exc:
+        return False, f"the tombstones cannot be looked up: {exc}"
+    for item in tombstones:
+        # An index past the certified tree is not one of its entries (and may not fit the store's integers).
+        if item.index >= checkpoint.size or store.log_entry(item.index) != item.entry:
+            return False, f"tombstone {item.index} is missing from the store's log"
     try:
         if subtree_root(0, checkpoint.size, store.log_node) != checkpoint.root:
             return False, "the store's log no longer produces the certificate's tree"
@@ -212,15 +304,34 @@ def _store_log(body: dict[str, Any], checkpoint: Checkpoint, store: StoreEvidenc
     return True, f"the store's log ({size} entries) still holds the certified tree"
 
 
+def _subject_ref(erasure: dict[str, Any]) -> bytes | None:
+    value = erasure.get("subject_ref")
+    if value is None:
+        return None
+    name = "certificate.erasure.subject_ref"
+    if not isinstance(value, str):
+        raise _Invalid(f"{name} is neither null nor {_KINDS[str]}")
+    try:
+        ref = bytes.fromhex(value)
+    except ValueError:
+        raise _Invalid(f"{name} is not hexadecimal") from None
+    if len(ref) != REF_SIZE:
+        raise _Invalid(f"{name} is not {REF_SIZE} bytes")
+    return ref
+
+
 def _absent(store: StoreEvidence, tenant: str, record_ids: list[str], erasure: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        ref = _subject_ref(erasure)
+        key_destroyed = _field(erasure, "key_destroyed", bool, "certificate.erasure")
+    except _Invalid as exc:
+        return False, f"absence cannot be checked: {exc}"
     live = store.live_ids(tenant, record_ids)
     if live:
         return False, f"{len(live)} erased record(s) are live again, e.g. {live[0]}"
-    ref_hex = erasure.get("subject_ref")
-    if ref_hex is not None:
-        ref = bytes.fromhex(str(ref_hex))
+    if ref is not None:
         if store.live_subject_rows(tenant, ref):
             return False, "a live record has the erased subject (re-inserted under a new id?)"
-        if erasure.get("key_destroyed") and store.has_key(tenant, ref):
+        if key_destroyed and store.has_key(tenant, ref):
             return False, "the subject's data key is still in the key store"
     return True, f"none of the {len(record_ids)} record(s) is live, nor any record of the subject"
