@@ -153,3 +153,12 @@ def test_erasure_leaves_no_plaintext_and_shreds_old_backups(memory: Memory, stor
         for row in subject_rows:
             with pytest.raises(DataKeyDestroyedError):
                 restored._decrypt(row)  # ...and none can be read
+
+
+def test_every_file_the_store_writes_is_owner_only(memory: Memory, store_path: Path) -> None:
+    """The index holds the words of the text: no other local user may read any file,
+    the -wal and -shm of an open store included."""
+    memory.remember("qzsecret words of a person", subject="Alice")
+    files = store_files(store_path)
+    assert {p.name.removeprefix(store_path.name) for p in files} >= {"", "-wal", "-shm", ".keys"}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: "0o600" for p in files}

@@ -8,6 +8,8 @@ freelist pages.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,6 +70,11 @@ def connect(
     not the kind the caller expects; it runs before anything is written, since setting
     the journal mode alone rewrites a database's header (and gives an empty file one)."""
     flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
+    if create:
+        # Owner-only from the first byte: the full-text index holds the words of the
+        # text, and SQLite gives the -wal and -shm files the database file's mode.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         conn = apsw.Connection(str(path), flags=flags)
         conn.set_busy_handler(_busy_handler())
