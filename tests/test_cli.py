@@ -149,6 +149,7 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
         (("recall", "!!!"), None, "no searchable words"),
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
+        (("--tenant", "", "recall", "x"), None, "tenant must not be empty"),
         (("remember", "t", "-s", "a", "--metadata", "[" * 5000 + "]" * 5000), None, "nested more than 32 levels"),
         (("list", "--limit", str(2**63)), None, "limit must be an integer from 1 to"),
         (("audit", "show", "--from", str(10**20)), None, "start must be an integer from 0 to"),
@@ -285,3 +286,12 @@ def test_serve_on_a_port_in_use_is_refused_with_exit_2(cli: Cli) -> None:
             code, _, err = cli("serve", *command, "--port", port)
             assert code == 2, command
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err
+
+
+def test_help_shows_every_default(cli: Cli) -> None:
+    """Rich reads "[default: ...]" as markup and drops it: help left "Store file ."."""
+    code, out, _ = cli("--help")
+    assert code == 0
+    assert "Store file (default: $XDG_DATA_HOME/deleatur/memory.db)." in " ".join(out.split())
+    code, out, _ = cli("erase", "--help")
+    assert "Who asked (default: cli:$USER)." in " ".join(out.split())

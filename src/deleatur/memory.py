@@ -78,6 +78,7 @@ from .model import (
     canonical_key,
     canonical_subject,
     check_int,
+    check_tenant,
     validate_text,
 )
 from .rights.export import TextSink, export_csv, export_json
@@ -155,7 +156,7 @@ class Memory:
     ) -> None:
         self.backend: Backend = backend
         self.keys = keys
-        self.tenant = Space(user_id=tenant).user_id  # same rules as a user id
+        self.tenant = check_tenant(tenant)
         self.master_description = master_description
         self.max_text_bytes = max_text_bytes
         self._clock = clock

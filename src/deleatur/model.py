@@ -34,6 +34,11 @@ def _check_utf8(value: str, what: str) -> None:
         raise InvalidInputError(f"{what} is not valid UTF-8") from None
 
 
+def check_tenant(value: str) -> str:
+    """A tenant name: the rules of a user id, under its own name in errors."""
+    return _check_name(value, "tenant", allow_empty=False)
+
+
 def _check_name(value: str, what: str, *, allow_empty: bool) -> str:
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string")

@@ -253,7 +253,7 @@ def rectify(
     text: Annotated[str, typer.Argument(help="The corrected text ('-' reads standard input).")],
     key: Annotated[str, typer.Option("--key", "-k")],
     reason: Annotated[str, typer.Option("--reason", help="Why the value is corrected (recorded).")],
-    actor: Annotated[str | None, typer.Option("--actor", help="Who corrects it [default: cli:$USER].")] = None,
+    actor: Annotated[str | None, typer.Option("--actor", help="Who corrects it (default: cli:$USER).")] = None,
     erase_previous: Annotated[
         bool, typer.Option("--erase-previous", help="Hard-delete the inaccurate earlier values.")
     ] = False,

@@ -49,7 +49,7 @@ def _global(
     store: Annotated[
         Path | None,
         typer.Option(
-            "--store", envvar="DELEATUR_STORE", help="Store file [default: $XDG_DATA_HOME/deleatur/memory.db]."
+            "--store", envvar="DELEATUR_STORE", help="Store file (default: $XDG_DATA_HOME/deleatur/memory.db)."
         ),
     ] = None,
     tenant: Annotated[str, typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant.")] = "default",
@@ -58,7 +58,7 @@ def _global(
         typer.Option(
             "--master-key-file",
             envvar="DELEATUR_MASTER_KEY_FILE",
-            help="Master key file [default: STORE.master-key];"
+            help="Master key file (default: STORE.master-key);"
             " DELEATUR_MASTER_KEY or DELEATUR_PASSPHRASE take precedence.",
         ),
     ] = None,

@@ -23,7 +23,7 @@ from .logs import PubkeyOpt
 
 RequestIdOpt = Annotated[str, typer.Option("--request-id", help="The DSAR's id; repeating it is idempotent.")]
 BasisOpt = Annotated[str, typer.Option("--basis", help="Legal basis, e.g. 'Art. 17(1)(a)'.")]
-RequesterOpt = Annotated[str | None, typer.Option("--requester", help="Who asked [default: cli:$USER].")]
+RequesterOpt = Annotated[str | None, typer.Option("--requester", help="Who asked (default: cli:$USER).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the blast radius; change nothing.")]
 TokenOpt = Annotated[bool, typer.Option("--issue-token", help="With --dry-run: a single-use confirmation token.")]
 ConfirmOpt = Annotated[str | None, typer.Option("--confirm", help="The token a dry run issued.")]

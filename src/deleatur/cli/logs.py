@@ -136,7 +136,7 @@ def log_consistency(
 def log_add_cosignature(
     signatures: Annotated[str, typer.Argument(help="The witness's signature lines ('-': stdin).")],
     witness: Annotated[str, typer.Option("--witness", help="The witness's cosigner key (type 0x04 vkey).")],
-    size: Annotated[int | None, typer.Option("--size", help="The checkpoint's tree size [default: latest].")] = None,
+    size: Annotated[int | None, typer.Option("--size", help="The checkpoint's tree size (default: latest).")] = None,
 ) -> None:
     """Check a witness's cosignature and attach it to the stored checkpoint."""
     try:

@@ -14,7 +14,7 @@ from ..errors import InvalidInputError
 from .common import JsonOpt, add_row, app, check_output_path, emit, open_memory, out
 from .erasure import report_erasure
 
-ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides [default: cli:$USER].")]
+ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides (default: cli:$USER).")]
 
 
 @app.command()
@@ -116,7 +116,7 @@ def purge(
     older_than: Annotated[
         float | None, typer.Option("--older-than", help="Also purge records older than DAYS.")
     ] = None,
-    request_id: Annotated[str | None, typer.Option("--request-id", help="[default: RET-<new id>]")] = None,
+    request_id: Annotated[str | None, typer.Option("--request-id", help="Request id (default: RET-<new id>).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go; change nothing.")] = False,
     include_audit: Annotated[
         bool,
