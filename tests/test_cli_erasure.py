@@ -90,6 +90,8 @@ def test_a_token_request_never_erases(cli: Cli, store: Path) -> None:
 
 
 def test_erase_all_user1_spares_user10(cli: Cli, store: Path) -> None:
+    code, out, _ = cli("erase-all", "--user", "user1", "--request-id", "ACC-1", "--basis", "b", "--dry-run")
+    assert "would erase 1 record(s): 1 in the account's spaces, 0 reached through lineage" in out
     code, out, _ = cli("erase-all", "--user", "user1", "--request-id", "ACC-1", "--basis", "Art. 17(1)(a)")
     assert code == 0
     assert "erased 1 record(s)" in out

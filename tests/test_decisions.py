@@ -151,6 +151,17 @@ def test_decision_cli(cli: Cli) -> None:
     code, out, _ = cli("decision", "explain", decision_id, "--json")
     shown = json.loads(out)
     assert shown["decision"]["beliefs"][0]["redacted"] is True
+    code, out, _ = cli("decision", "explain", decision_id)
+    assert "redacted by erasure E-1: 1 belief(s)" in out
+    code, out, _ = cli("remember", "Bob pays by card", "-s", "Bob", "-k", "bob::pay", "--json")
+    code, out, _ = cli("decision", "record", "card ok", "--used", json.loads(out)["id"], "--json")
+    second = json.loads(out)["decision"]["id"]
+    code, out, _ = cli(
+        "rectify", "Bob pays cash", "--key", "bob::pay", "--reason", "wrong", "--erase-previous", "--json"
+    )
+    fixed = json.loads(out)["id"]
+    code, out, _ = cli("decision", "explain", second)
+    assert f"redacted by rectification {fixed}: 1 belief(s)" in out
     code, _, err = cli("decision", "record", "x", "--used", "bad")
     assert code == 2 and "not a record id" in err
 

@@ -83,6 +83,8 @@ def test_retention_cli(cli: Cli, tmp_path: Path) -> None:
     cli("remember", "old", "-s", "a", "--expires-at", "2000-01-01T00:00:00Z")
     code, out, _ = cli("purge", "--dry-run", "--json")
     assert json.loads(out)["plan"]["total"] == 1
+    code, out, _ = cli("purge", "--dry-run")
+    assert "would erase 1 record(s): 1 expired or past retention, 0 reached through lineage" in out
     code, out, _ = cli("purge", "--request-id", "RET-1")
     assert code == 0
     assert "erased 1 record(s)" in out

@@ -189,4 +189,4 @@ def explain_decision(
         add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
     out.print(table)
     for r in body["redactions"]:
-        out.print(f"redacted by erasure {r['request']}: {len(r['records'])} belief(s)", markup=False)
+        out.print(f"redacted by {r['by']} {r['request']}: {len(r['records'])} belief(s)", markup=False)

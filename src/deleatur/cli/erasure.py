@@ -30,8 +30,12 @@ ConfirmOpt = Annotated[str | None, typer.Option("--confirm", help="The token a d
 
 
 def _print_plan(plan: ErasurePlan, token: str | None) -> None:
+    if plan.subject is not None:
+        direct = "naming the subject"
+    else:  # an account erasure, or a retention purge
+        direct = "in the account's spaces" if plan.scope.user_id is not None else "expired or past retention"
     out.print(
-        f"would erase {plan.total} record(s): {len(plan.direct)} naming the subject, "
+        f"would erase {plan.total} record(s): {len(plan.direct)} {direct}, "
         f"{len(plan.lineage)} reached through lineage",
         markup=False,
     )
