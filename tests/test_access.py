@@ -262,7 +262,7 @@ def test_every_refused_api_key_is_audited_without_its_secret(memory: Memory, sto
     unknown = "dlt_" + "0" * 32 + "_" + secret
     start = memory.backend.log_size()
     for bad in ("not a key", unknown, wrong):
-        with pytest.raises(AuthenticationError, match=r"^the API key is"):
+        with pytest.raises(AuthenticationError, match=r"^the API key is not valid$"):  # whatever is wrong
             memory.authenticate(bad)
     memory.revoke_principal(principal.id)
     with pytest.raises(AuthenticationError, match=r"^the API key is not valid$"):

@@ -148,6 +148,7 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("rectify", "t", "--key", "nope", "--reason", "r"), None, "no active value"),
         (("rectify", "t", "--key", "alice::phone", "--reason", " "), None, "needs a reason"),
         (("recall", "!!!"), None, "no searchable words"),
+        (("recall", "bad \udcff"), None, "query is not valid UTF-8"),
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
         (("--tenant", "", "recall", "x"), None, "tenant must not be empty"),
         (("remember", "t", "-s", "a", "--metadata", "[" * 5000 + "]" * 5000), None, "nested more than 32 levels"),

@@ -78,6 +78,7 @@ from .model import (
     canonical_key,
     canonical_subject,
     check_int,
+    check_query,
     check_tenant,
     validate_text,
 )
@@ -1249,7 +1250,7 @@ class Memory:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
-        words = _TOKEN.findall(unicodedata.normalize("NFKC", query) if isinstance(query, str) else "")
+        words = _TOKEN.findall(unicodedata.normalize("NFKC", check_query(query)))
         if not words:
             raise InvalidInputError("query has no searchable words")
         prefix = self._scope_token(space)

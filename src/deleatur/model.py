@@ -34,6 +34,14 @@ def _check_utf8(value: str, what: str) -> None:
         raise InvalidInputError(f"{what} is not valid UTF-8") from None
 
 
+def check_query(query: object) -> str:
+    """A recall query: text, and valid UTF-8 like everything that is stored."""
+    if not isinstance(query, str):
+        raise InvalidInputError("query must be a string")
+    _check_utf8(query, "query")
+    return query
+
+
 def check_tenant(value: str) -> str:
     """A tenant name: the rules of a user id, under its own name in errors."""
     return _check_name(value, "tenant", allow_empty=False)

@@ -33,7 +33,7 @@ def authenticate(memory: Memory, api_key: str) -> Principal:
         principal_id, secret = split_api_key(api_key)
     except AuthenticationError:
         refused_key(memory, None, None, "malformed")
-        raise
+        raise AuthenticationError("the API key is not valid") from None  # as for every refused key
     row = memory.backend.principal(principal_id)
     if row is None:
         problem = "unknown"

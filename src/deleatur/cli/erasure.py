@@ -35,8 +35,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     else:  # an account erasure, or a retention purge
         direct = "in the account's spaces" if plan.scope.user_id is not None else "expired or past retention"
     out.print(
-        f"would erase {plan.total} record(s): {len(plan.direct)} {direct}, "
-        f"{len(plan.lineage)} reached through lineage",
+        f"would erase {plan.total} record(s): {len(plan.direct)} {direct}, {len(plan.lineage)} reached through lineage",
         markup=False,
     )
     table = Table(show_header=True)
