@@ -36,6 +36,9 @@ def test_dry_run_erase_certificate_verify(cli: Cli, store: Path, tmp_path: Path)
     assert "erased 2 record(s), 2 tombstone(s)" in out
     code, out, _ = cli("erase", "alice smith", *ERASE)
     assert out.startswith("already done: ")
+    code, _, err = cli("erase", "alice smith", "--request-id", "DSAR-17", "--basis", "Art. 17(1)(d)")
+    assert code == 2
+    assert "request id DSAR-17 was made under another legal basis" in err
     code, out, _ = cli("requests", "--json")
     [request] = json.loads(out)
     assert request["status"] == "complete"

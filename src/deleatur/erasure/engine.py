@@ -178,6 +178,11 @@ def erase(
                     f"request id {request_id} was used for a different erasure", request_id=request_id
                 )
             if earlier is not None and earlier.status is not RequestStatus.FAILED:
+                if earlier.basis != basis:
+                    # Its certificate states the first basis: a repeat must not seem to change it.
+                    raise RequestIdReusedError(
+                        f"request id {request_id} was made under another legal basis", request_id=request_id
+                    )
                 repeated = earlier
                 raise _Repeated
             plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
