@@ -156,9 +156,17 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # json.loads would keep the last value silently: the writer meant one of them.
+        raise InvalidInputError("metadata repeats a key in one object")
+    return out
+
+
 def parse_metadata(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
