@@ -158,6 +158,7 @@ class Memory:
         self.backend: Backend = backend
         self.keys = keys
         self.tenant = check_tenant(tenant)
+        self._aad_prefixes: dict[str, bytes] = {}
         self.master_description = master_description
         self.max_text_bytes = max_text_bytes
         self._clock = clock
@@ -674,7 +675,12 @@ class Memory:
         return token
 
     def _aad(self, record_id: str, subject_ref: bytes) -> bytes:
-        return _frame(("deleatur/record/v1", self.backend.store_id, self.tenant, record_id, subject_ref))
+        # Framing is concatenation, so the part shared by all of a tenant's records is made once.
+        prefix = self._aad_prefixes.get(self.tenant)
+        if prefix is None:
+            prefix = _frame(("deleatur/record/v1", self.backend.store_id, self.tenant))
+            self._aad_prefixes[self.tenant] = prefix
+        return prefix + _frame((record_id, subject_ref))
 
     def _decrypt(self, row: StoredRow) -> Record:
         aead = self.keys.key_by_id(row.key_id)
