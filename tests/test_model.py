@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deleatur import InvalidInputError, NewMemory, Space, canonical_subject
+from deleatur import InvalidInputError, Memory, NewMemory, Space, canonical_subject
 from deleatur.model import canonical_key, parse_metadata, validate_metadata, validate_text
 
 
@@ -81,3 +81,34 @@ def test_metadata_nested_32_deep_is_kept() -> None:
     for _ in range(30):
         nested = {"k": nested}
     assert validate_metadata(nested) == nested
+
+
+_NOTED = {
+    "rectify's reason": lambda m, v: m.rectify("k", "new", reason=v, actor="dpo"),
+    "rectify's actor": lambda m, v: m.rectify("k", "new", reason="wrong", actor=v),
+    "a restriction's reason": lambda m, v: m.restrict("Zed", reason=v, actor="dpo"),
+    "a restriction's actor": lambda m, v: m.restrict("Zed", reason="contested", actor=v),
+    "an erasure's basis": lambda m, v: m.erase("Zed", request_id="E-1", basis=v, requester="dpo"),
+    "an erasure's requester": lambda m, v: m.erase("Zed", request_id="E-1", basis="Art. 17", requester=v),
+    "a decision's summary": lambda m, v: m.record_decision(v, [m.list().__next__().id]),
+}
+
+
+@pytest.mark.parametrize("field", list(_NOTED))
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("bad \ud800", "not valid UTF-8"), ("bad \x00", "control characters"), ("x" * 70_000, "limit|longer than")],
+    ids=["lone surrogate", "control character", "too long"],
+)
+def test_notes_beside_the_records_are_checked_before_anything_is_stored(
+    memory: Memory, field: str, value: str, problem: str
+) -> None:
+    """Stored as given, a lone surrogate made the decision, its subject's export and the
+    MCP server fail on every later read; a reason had no length limit at all."""
+    memory.remember("old value", subject="Zed", key="k")
+    before = [r.to_json() for r in memory.list(include_history=True)]
+    with pytest.raises(InvalidInputError, match=problem):
+        _NOTED[field](memory, value)
+    assert [r.to_json() for r in memory.list(include_history=True)] == before
+    assert memory.restrictions() == [] and memory.erasure_requests() == []
+    assert memory.backend._conn.execute("SELECT count(*) FROM decisions").fetchall() == [(0,)]  # type: ignore[attr-defined]

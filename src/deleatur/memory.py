@@ -77,7 +77,9 @@ from .model import (
     Status,
     canonical_key,
     canonical_subject,
+    check_actor,
     check_int,
+    check_note,
     check_query,
     check_tenant,
     validate_text,
@@ -955,10 +957,12 @@ class Memory:
                 "confirmation",
             )
         validate_text(text, self.max_text_bytes)
-        if not reason or not reason.strip():
+        if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("rectify needs a reason")
-        if not actor or not actor.strip():
+        if not isinstance(actor, str) or not actor.strip():
             raise InvalidInputError("rectify needs an actor")
+        check_note(reason, "reason")
+        check_actor(actor.strip())
         key_ref = self._key_ref(space, canonical_key(key))
         with self._logged() as events:
             # Read the current value under the write lock, so a concurrent writer's

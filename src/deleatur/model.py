@@ -34,6 +34,29 @@ def _check_utf8(value: str, what: str) -> None:
         raise InvalidInputError(f"{what} is not valid UTF-8") from None
 
 
+#: The longest free-text note kept beside the records (a reason, a legal basis), in UTF-8 bytes.
+MAX_NOTE_BYTES = 4096
+
+
+def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str:
+    """A free-text note (a reason, a legal basis, a decision's summary): valid UTF-8, as
+    everything stored must be to be read back, with no control characters but newlines
+    and tabs, and at most ``max_bytes``. Blank ones are the caller's to refuse."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string")
+    _check_utf8(value, what)
+    if len(value.encode("utf-8")) > max_bytes:
+        raise InvalidInputError(f"{what} is over the {max_bytes}-byte limit")
+    if any(unicodedata.category(ch) == "Cc" and ch not in "\n\t" for ch in value):
+        raise InvalidInputError(f"{what} contains control characters")
+    return value
+
+
+def check_actor(value: str, what: str = "actor") -> str:
+    """Who acted or asked (an actor, a requester): a name, by the rules of a user id."""
+    return _check_name(value, what, allow_empty=False)
+
+
 def check_query(query: object) -> str:
     """A recall query: text, and valid UTF-8 like everything that is stored."""
     if not isinstance(query, str):

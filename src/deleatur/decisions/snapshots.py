@@ -38,7 +38,7 @@ from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..ids import is_record_id
 from ..log.entries import Entry, EventType
 from ..log.note import Verifier
-from ..model import Space
+from ..model import Space, check_note
 from ..rights.restriction import check_writable
 
 if TYPE_CHECKING:
@@ -97,8 +97,7 @@ def record(
     processing (Art. 18): refused unless ``for_legal_claim``."""
     if not isinstance(summary, str) or not summary.strip():
         raise InvalidInputError("a decision needs a summary")
-    if len(summary.encode("utf-8", "surrogatepass")) > MAX_SUMMARY_BYTES:
-        raise InvalidInputError(f"a decision summary is limited to {MAX_SUMMARY_BYTES} bytes")
+    check_note(summary, "summary", max_bytes=MAX_SUMMARY_BYTES)
     ids = list(dict.fromkeys(used))
     if not ids or len(ids) > MAX_BELIEFS:
         raise InvalidInputError(f"a decision uses 1 to {MAX_BELIEFS} records")

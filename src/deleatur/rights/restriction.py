@@ -19,7 +19,7 @@ from ..clock import isoformat
 from ..crypto.keystore import _frame
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject
+from ..model import canonical_subject, check_actor, check_note
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -48,10 +48,12 @@ def _aad(memory: Memory, subject_ref: bytes) -> bytes:
 
 def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restriction:
     canonical = canonical_subject(subject)
-    if not reason.strip():
+    if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("a restriction needs a reason")
-    if not actor.strip():
+    if not isinstance(actor, str) or not actor.strip():
         raise InvalidInputError("a restriction needs an actor")
+    check_note(reason, "reason")
+    check_actor(actor.strip())
     ref = memory._subject_ref(canonical)
     aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
     pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
@@ -77,6 +79,7 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
 
 def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
     canonical = canonical_subject(subject)
+    check_actor(actor.strip() if isinstance(actor, str) else actor)
     ref = memory._subject_ref(canonical)
     with memory._logged() as events:
         found = memory.backend.restrictions(memory.tenant, ref)
