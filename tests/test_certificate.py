@@ -271,7 +271,7 @@ def test_space_scope_is_pseudonymous_in_the_certificate(memory: Memory) -> None:
 # A damaged certificate fails a named check; it never crashes the verifier.
 
 _DELETE = object()
-_WRONG_VALUES: list[Any] = ["x", 0, [], {}, None, _DELETE]
+_WRONG_VALUES: list[Any] = ["x", "bad \ud800", 0, [], {}, None, _DELETE]
 _SECRET = "Alice's phone is +100"
 
 
@@ -312,7 +312,7 @@ def _damaged(cert: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
 
 
 @pytest.mark.parametrize("with_store", [False, True], ids=["offline", "store"])
-@pytest.mark.parametrize("value", _WRONG_VALUES, ids=["str", "int", "list", "dict", "null", "deleted"])
+@pytest.mark.parametrize("value", _WRONG_VALUES, ids=["str", "surrogate", "int", "list", "dict", "null", "deleted"])
 def test_every_field_with_a_wrong_type_or_deleted_fails_a_named_check(
     issued: tuple[dict[str, Any], StoreEvidence], value: Any, with_store: bool
 ) -> None:
@@ -333,6 +333,7 @@ def test_every_field_with_a_wrong_type_or_deleted_fails_a_named_check(
         assert report.lines()[-1].startswith("VERDICT: FAIL (check "), (path, report.lines())
         assert report.failed[0].detail, path
         assert _SECRET not in json.dumps(report.to_json())
+        json.dumps(report.to_json(), ensure_ascii=False).encode("utf-8")  # an HTTP answer can carry it
         checked += 1
     assert checked > 60
 

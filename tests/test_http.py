@@ -103,6 +103,8 @@ def test_receipt_and_log(client: Client) -> None:
     assert client.checkpoint(size=size) == latest  # a stored one, fetched by its size
     with pytest.raises(NotFoundError, match=f"no stored checkpoint of size {size + 10**6}"):
         client.checkpoint(size=size + 10**6)
+    with pytest.raises(InvalidInputError, match="size must be an integer from 0 to"):
+        client.checkpoint(size=2**64)  # beyond SQLite's integers: was a 500
     assert client.verify_log()["verdict"] == "PASS"
 
 

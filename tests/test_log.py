@@ -14,7 +14,7 @@ from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType, commitment
 from deleatur.log.merkle import ProofError, verify_consistency
 from deleatur.log.note import Note, NoteError, Signer, open_note
-from deleatur.log.receipt import Receipt, verify_receipt
+from deleatur.log.receipt import Receipt, ReceiptError, verify_receipt
 
 from .conftest import MASTER, store_files, truncate_log
 
@@ -81,6 +81,16 @@ def test_receipt_verifies_with_the_public_key_alone(memory: Memory) -> None:
     assert "hello" not in json.dumps(receipt.to_json())
     key = memory.log.verifiers()
     assert verify_receipt(receipt, key, pinned=True).ok
+
+
+@pytest.mark.parametrize("field", ["record_id", "entry", "tlog_proof"])
+@pytest.mark.parametrize("value", [None, -1, 1.5, 2**64, {}, [], "x", "bad \ud800"], ids=repr)
+def test_a_malformed_receipt_is_refused_as_such(memory: Memory, field: str, value: object) -> None:
+    """A receipt comes from anyone: a field of the wrong type or shape is a malformed
+    receipt, never a TypeError (an HTTP 500 before)."""
+    receipt = memory.receipt(memory.remember("hello", subject="a").id).to_json()
+    with pytest.raises(ReceiptError, match="receipt is malformed"):
+        Receipt.from_json({**receipt, field: value})
 
 
 def test_tampered_receipts_fail_in_the_named_check(memory: Memory) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import TypeGuard
 
 from .clock import Clock, Random, system_clock, system_random
 
@@ -54,7 +55,9 @@ class IdGenerator:
             self._last_ms, self._counter = max((ms, counter), (self._last_ms, self._counter))
 
 
-def is_record_id(value: str) -> bool:
+def is_record_id(value: object) -> TypeGuard[str]:
+    if not isinstance(value, str):
+        return False
     try:
         parsed = uuid.UUID(value)
     except ValueError:

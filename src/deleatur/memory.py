@@ -506,8 +506,7 @@ class Memory:
         the stored one of tree size ``size``, with any cosignatures a witness added to it."""
         if size is None:
             return self._checkpoint()
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidInputError("size must be a tree size: an integer >= 0")
+        check_int(size, "size", low=0)
         found = self.backend.checkpoint(size)
         if found is None:
             raise NotFoundError(f"no stored checkpoint of size {size}")

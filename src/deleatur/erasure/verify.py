@@ -26,14 +26,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..crypto.keystore import REF_SIZE
-from ..errors import NotFoundError
+from ..errors import InvalidInputError, NotFoundError
+from ..ids import is_record_id
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
 from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
+from ..model import check_tenant
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
+from .requests import is_request_id
 from .scope import scope_statement
 
 
@@ -116,12 +119,18 @@ def verify_certificate(
         checkpoint = Checkpoint.parse(note.text)
         request = _field(body, "request", dict, "certificate")
         request_id = _field(request, "id", str, "certificate.request")
+        if not is_request_id(request_id):
+            raise _Invalid("certificate.request.id is not a request id")
         erasure = _field(body, "erasure", dict, "certificate")
         store_id = _field(body, "store", dict, "certificate")
         tenant = _field(store_id, "tenant", str, "certificate.store")
+        try:
+            check_tenant(tenant)  # it is looked up in the store's evidence
+        except InvalidInputError:
+            raise _Invalid("certificate.store.tenant is not a tenant name") from None
         record_ids = _field(erasure, "record_ids", list, "certificate.erasure")
-        if not all(isinstance(r, str) for r in record_ids):
-            raise _Invalid("certificate.erasure.record_ids holds a value that is not a string")
+        if not all(is_record_id(r) for r in record_ids):
+            raise _Invalid("certificate.erasure.record_ids holds a value that is not a record id")
         try:
             message = signed_message(body)
         except (TypeError, ValueError):

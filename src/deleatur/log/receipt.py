@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..ids import is_record_id
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .merkle import ProofError, leaf_hash, verify_inclusion
@@ -45,14 +46,19 @@ class Receipt:
     def from_json(cls, data: Any) -> Receipt:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ReceiptError(f"not a {FORMAT} receipt")
+        # Each field is checked for its type: a forged receipt may carry anything, and the
+        # report that names its record is sent back as JSON.
+        record_id, entry, proof = data.get("record_id"), data.get("entry"), data.get("tlog_proof")
+        if not is_record_id(record_id):
+            raise ReceiptError("receipt is malformed: record_id is not a record id")
+        if not isinstance(entry, str) or not isinstance(proof, str):
+            raise ReceiptError("receipt is malformed: entry and tlog_proof must be strings")
         try:
-            return cls(
-                record_id=str(data["record_id"]),
-                entry=base64.b64decode(data["entry"], validate=True),
-                proof=TlogProof.parse(str(data["tlog_proof"])),
-            )
-        except (KeyError, ValueError) as exc:
+            return cls(record_id=record_id, entry=base64.b64decode(entry, validate=True), proof=TlogProof.parse(proof))
+        except ValueError as exc:
             raise ReceiptError(f"receipt is malformed: {exc}") from None
+        except NoteError as exc:
+            raise ReceiptError(f"receipt is malformed: {exc.message}") from None
 
     @classmethod
     def loads(cls, text: str) -> Receipt:
