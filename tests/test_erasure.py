@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Space, from_bytes
+from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
 from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
 from deleatur.erasure.requests import RequestStatus, one_month_after
 from deleatur.log.entries import Entry, EventType
@@ -163,6 +163,18 @@ def test_a_token_for_another_blast_radius_is_refused(memory: Memory, family: dic
     memory.remember("Alice's new address", subject="Alice Smith")
     with pytest.raises(InvalidInputError, match="blast radius changed"):
         _erase(memory, "Alice Smith", confirmation=token)
+
+
+def test_a_token_is_spent_only_by_the_principal_it_was_issued_to(memory: Memory, family: dict[str, str]) -> None:
+    """An agent's confirmation is its own: handed to another agent, the token erases nothing."""
+    first = memory.as_principal(memory.create_principal("agent one", Role.AGENT)[0])
+    second = memory.as_principal(memory.create_principal("agent two", Role.AGENT)[0])
+    token = _erase(first, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    with pytest.raises(InvalidInputError, match=r"different erasure .* or caller"):
+        _erase(second, "Bob", request_id="DSAR-30", confirmation=token)
+    assert memory.get(family["bob"]).text == "Bob likes tea"
+    done = _erase(first, "Bob", request_id="DSAR-31", confirmation=token).request  # type: ignore[attr-defined]
+    assert done.record_ids == (family["bob"],)
 
 
 def test_expired_token_is_refused(memory: Memory, family: dict[str, str], clock: FakeClock) -> None:

@@ -60,6 +60,12 @@ def _token_hash(token: str) -> bytes:
     return hashlib.sha256(b"deleatur/erasure-confirmation/v1\n" + token.encode()).digest()
 
 
+def _confirmed_plan(memory: Memory, plan: ErasurePlan) -> bytes:
+    """What a token confirms: this plan, for this principal. Another principal holding
+    the token (an agent handing it to another) cannot spend it."""
+    return hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.digest + memory.principal.id.encode()).digest()
+
+
 def _scope_pseudonyms(scope: SpaceFilter) -> SpaceFilter:
     """Keep the shape of the scope but not the ids: a one-time key, discarded at once."""
     key = secrets.token_bytes(32)
@@ -141,9 +147,8 @@ def erase(
         if issue_token:
             token = secrets.token_urlsafe(24)
             with memory.backend.atomic():
-                memory.backend.put_confirmation(
-                    _token_hash(token), memory.tenant, plan.digest, memory._clock() + TOKEN_LIFETIME_US
-                )
+                confirmed, expires = _confirmed_plan(memory, plan), memory._clock() + TOKEN_LIFETIME_US
+                memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, expires)
         return ErasureResult(None, plan, token)
 
     received = memory._clock()
@@ -201,7 +206,7 @@ def erase(
                         "this caller must confirm: run a dry run with a token and present it", request_id=request_id
                     )
                 problem = memory.backend.use_confirmation(
-                    _token_hash(confirmation), memory.tenant, plan.digest, memory._clock()
+                    _token_hash(confirmation), memory.tenant, _confirmed_plan(memory, plan), memory._clock()
                 )
                 if problem is not None:
                     raise InvalidInputError(problem, request_id=request_id)

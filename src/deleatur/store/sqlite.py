@@ -544,7 +544,7 @@ class SQLiteBackend:
         if int(row[1]) < now:
             return "confirmation token expired"
         if bytes(row[0]) != digest:
-            return "confirmation token was issued for a different erasure (the blast radius changed)"
+            return "confirmation token was issued for a different erasure (the blast radius changed) or caller"
         self._conn.execute("UPDATE erasure_confirmations SET used_at = ? WHERE token_hash = ?", (now, token_hash))
         return None
 
