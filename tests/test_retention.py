@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from deleatur import InvalidInputError, Memory, NotFoundError, Space
+from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestKind
 from deleatur.log.entries import Entry
 
@@ -45,6 +46,18 @@ def test_purges_in_the_same_second_are_two_requests(memory: Memory, clock: FakeC
     assert one is not None and two is not None
     assert one.id != two.id
     assert (one.record_ids, two.record_ids) == ((first.id,), (second.id,))
+
+
+def test_a_purge_repeated_under_its_request_id_returns_the_first_result(memory: Memory, clock: FakeClock) -> None:
+    """As an erasure does: a client retrying a purge must not get a 'reused id' error."""
+    memory.remember("expiring", subject="a", expires_at=clock.now + 1)
+    clock.advance(1)
+    first = memory.purge(request_id="PURGE-1", older_than_days=30).request
+    clock.advance(5)
+    again = memory.purge(request_id="PURGE-1", older_than_days=30)
+    assert again.repeated and again.request == first
+    with pytest.raises(RequestIdReusedError, match="used for a different erasure"):
+        memory.purge(request_id="PURGE-1", older_than_days=7)
 
 
 def test_purge_removes_expired_and_old_records_with_tombstones(

@@ -156,8 +156,11 @@ def erase(
         kind = RequestKind.RETENTION
     else:
         kind = RequestKind.SUBJECT if canonical is not None else RequestKind.ACCOUNT
+    # A purge is the same request again if it asks for the same age limit: its absolute
+    # times move with the clock, so a repeat would never match them.
+    asked = None if retention is None else [None if retention[1] is None else retention[0] - retention[1]]
     fingerprint = memory.keys.index.ref(
-        "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), retention], sort_keys=True)
+        "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), asked], sort_keys=True)
     )
     # What a failure records; a success fills in the rest.
     template = ErasureRequest(
