@@ -204,6 +204,10 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_request")
     empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"}, headers=admin)
     assert (empty.status_code, empty.json()["error"]["code"]) == (422, "invalid_input")
+    json_body = {**admin, "Content-Type": "application/json"}
+    for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
+        reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), reply.text
     big = httpx.post(f"{base_url}/v1/memories", content=b"{" + b" " * 70_000 + b"}")
     assert (big.status_code, big.json()["error"]["code"]) == (413, "body_too_large")
 

@@ -378,6 +378,11 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body that is not UTF-8 or too deeply nested to parse:
+            # a malformed request like any other.
+            why = "the body could not be parsed as JSON: it is not UTF-8, or nested too deeply"
+            return _error(ErrorInfo(422, "invalid_request", why))
         code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(ErrorInfo(exc.status_code, code, str(exc.detail)))
 
