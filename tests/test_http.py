@@ -6,6 +6,7 @@ import contextlib
 import io
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -220,6 +221,20 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert (route.status_code, route.json()["error"]["code"]) == (404, "no_such_route")
     spec = httpx.get(f"{base_url}/openapi.json").json()
     assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
+
+
+def test_client_errors_are_deleatur_errors(client: Client) -> None:
+    """Callers catch DeleaturError from the library: the client raises nothing else."""
+    with pytest.raises(InvalidInputError, match="not valid UTF-8"):
+        client.restrict("Zed", reason="bad \ud800")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # a port nobody listens on
+        port = sock.getsockname()[1]
+    with (
+        Client(f"http://127.0.0.1:{port}", api_key="dlt_x") as down,
+        pytest.raises(DeleaturError, match="cannot reach"),
+    ):
+        down.checkpoint()
 
 
 def test_unexpected_error_is_a_500_naming_only_its_type() -> None:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import DeleaturError
+from .errors import DeleaturError, InvalidInputError
 from .model import DEFAULT_SPACE, EVERYWHERE, Space, SpaceFilter
 from .rights.export import TextSink
 from .servers.errors import remote_error
@@ -87,9 +87,14 @@ class Client:
         body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Any:
-        response = self.http.request(
-            method, path, params=_drop_none(params or {}), json=None if body is None else dict(body), headers=headers
-        )
+        payload = None if body is None else dict(body)
+        try:
+            response = self.http.request(method, path, params=_drop_none(params or {}), json=payload, headers=headers)
+        except UnicodeEncodeError:
+            raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
+        except httpx.TransportError as exc:
+            # The library's callers catch DeleaturError: so must a remote store's.
+            raise DeleaturError(f"cannot reach the deleatur server at {self.http.base_url}: {exc}") from None
         if response.status_code >= 400:
             raise _error(response)
         return response.json()
