@@ -79,7 +79,7 @@ def purge(
     confirmation: str | None = None,
 ) -> ErasureResult:
     if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:
-        raise InvalidInputError(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
+        raise InvalidInputError(f"older_than_days (--older-than) must be a number of days from 0 to {MAX_DAYS:,}")
     now = memory._clock()
     created_before = None if older_than_days is None else now - int(older_than_days * _DAY_US)
     return erase(
@@ -102,7 +102,7 @@ def prune_audit(memory: Memory, *, older_than_days: float) -> int:
     """Prune the ``call`` entries older than the cutoff, up to the first entry that is
     not, and anchor what was pruned. Returns how many were pruned."""
     if not older_than_days >= 0:
-        raise InvalidInputError("--older-than must be a number of days, zero or more")
+        raise InvalidInputError("older_than_days (--older-than) must be a number of days, zero or more")
     cutoff = memory._clock() - int(older_than_days * _DAY_US)
     with memory._logged(sign=True) as events:
         start = int(memory.backend.get_setting("audit.pruned_upto") or 0)
