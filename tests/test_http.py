@@ -205,6 +205,10 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_request")
     empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"}, headers=admin)
     assert (empty.status_code, empty.json()["error"]["code"]) == (422, "invalid_input")
+    for loose in ({"for_legal_claim": "yes"}, {"confidence": "0.5"}, {"expires_at": "1"}):
+        # A value of the wrong JSON type is refused, not coerced: "yes" is no legal claim.
+        reply = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", **loose}, headers=admin)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), loose
     json_body = {**admin, "Content-Type": "application/json"}
     for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
         reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)

@@ -74,7 +74,7 @@ async def _authenticated(credentials: Annotated[HTTPAuthorizationCredentials | N
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SpaceBody(_Body):
