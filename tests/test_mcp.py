@@ -170,6 +170,11 @@ async def _agent(session: ClientSession) -> None:
         "remember", {"text": "x", "subject": "Iris Quartz", "confidence": "Iris Quartz, HIV+"}
     )
     assert bad.is_error and _text(bad) == "Error (invalid_request): remember: invalid argument(s): confidence"
+    # As over HTTP: an expiry in microseconds (it was no argument of the tool at all).
+    kept = await _data(session, "remember", text="Iris's trial", subject="Iris", expires_at=253_402_300_799_999_999)
+    assert kept["expires_at"] == "9999-12-31T23:59:59.999999Z"
+    late = await session.call_tool("remember", {"text": "x", "subject": "Iris", "expires_at": 2**63})
+    assert late.is_error and "from 1970 to the year 9999" in _text(late)
     assert bad.structured_content is not None and "Quartz" not in str(bad.structured_content)
     denied = await session.call_tool("verify_audit", {})
     assert denied.is_error  # verification is the auditors'

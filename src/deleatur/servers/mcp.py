@@ -155,11 +155,15 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         metadata: dict[str, Any] | None = None,
         confidence: float | None = None,
         derived_from: list[str] | None = None,
+        expires_at: int | None = None,
+        for_legal_claim: bool = False,
         user_id: str = "default",
         agent_id: str = "",
         run_id: str = "",
     ) -> CallToolResult:
-        """Remember a fact about a subject; a new value for a key supersedes the old one."""
+        """Remember a fact about a subject; a new value for a key supersedes the old one.
+        ``expires_at``: microseconds since the epoch; ``for_legal_claim``: a write for a
+        legal claim, allowed while the subject's processing is restricted."""
 
         def run(memory: Memory) -> CallToolResult:
             record = memory.remember(
@@ -171,6 +175,8 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 source=source,
                 confidence=confidence,
                 derived_from=derived_from or (),
+                expires_at=expires_at,
+                for_legal_claim=for_legal_claim,
             )
             superseded = f" (supersedes {record.supersedes})" if record.supersedes else ""
             return _ok(f"Remembered {record.id} for '{record.subject_original}'{superseded}.", record.to_json())
