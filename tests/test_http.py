@@ -231,6 +231,10 @@ def test_client_errors_are_deleatur_errors(client: Client) -> None:
     """Callers catch DeleaturError from the library: the client raises nothing else."""
     with pytest.raises(InvalidInputError, match="not valid UTF-8"):
         client.restrict("Zed", reason="bad \ud800")
+    with pytest.raises(InvalidInputError, match="not valid UTF-8"):
+        client.unrestrict("a\udcff")  # in the path
+    with pytest.raises(InvalidInputError, match="not valid UTF-8"):
+        client.export_json(io.StringIO(), subject="a\udcff")  # in the query
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # a port nobody listens on
         port = sock.getsockname()[1]

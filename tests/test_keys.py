@@ -14,6 +14,7 @@ from deleatur import (
     IntegrityError,
     MasterKeyError,
     Memory,
+    StoreError,
     from_bytes,
     from_file,
     from_hex,
@@ -48,6 +49,11 @@ def test_master_key_file_as_a_path_or_a_string(store_path: Path, tmp_path: Path)
     key_file.write_bytes(b"\xff" * 64)
     with pytest.raises(MasterKeyError, match=f"master key in {key_file} is not hex"):
         Memory.open(store_path, from_file(key_file))
+
+
+def test_a_store_in_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"cannot open .*: No such file or directory"):
+        Memory.open(tmp_path / "nowhere" / "m.db", from_bytes(MASTER), create=True)
 
 
 def test_wrong_master_key_is_refused(store_path: Path) -> None:

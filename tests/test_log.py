@@ -11,7 +11,7 @@ import pytest
 
 from deleatur import IntegrityError, Memory, NewMemory, from_bytes
 from deleatur.log.checkpoint import Checkpoint
-from deleatur.log.entries import Entry, EventType, commitment
+from deleatur.log.entries import Entry, EntryError, EventType, commitment
 from deleatur.log.merkle import ProofError, verify_consistency
 from deleatur.log.note import Note, NoteError, Signer, open_note
 from deleatur.log.receipt import Receipt, ReceiptError, verify_receipt
@@ -364,3 +364,21 @@ def test_single_writes_close_together_share_a_checkpoint(store_path: Path, clock
     memory.close()  # closing signs the tail
     with Memory.open(store_path, from_bytes(MASTER)) as reopened:
         assert reopened.verify_log().ok
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"time":1,"type":"tombstone","v":1,"x":' + b"9" * 5000 + b"}",  # past Python's digit limit
+        b'{"time":1,"type":"tombstone","v":1,"x":' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"time":1e999,"type":"tombstone","v":1}',
+    ],
+    ids=["huge integer", "deep nesting", "infinite time"],
+)
+def test_an_entry_json_cannot_hold_is_not_canonical(raw: bytes) -> None:
+    """Entries arrive in certificates and receipts from anyone: a parse error of any kind
+    is an EntryError (a failed check), never a ValueError or RecursionError (an HTTP 500)."""
+    with pytest.raises(EntryError):
+        Entry.decode(raw)
+    with pytest.raises(EntryError):
+        Entry.canonical_type(raw)

@@ -112,3 +112,12 @@ def test_notes_beside_the_records_are_checked_before_anything_is_stored(
     assert [r.to_json() for r in memory.list(include_history=True)] == before
     assert memory.restrictions() == [] and memory.erasure_requests() == []
     assert memory.backend._conn.execute("SELECT count(*) FROM decisions").fetchall() == [(0,)]  # type: ignore[attr-defined]
+
+
+def test_notes_keep_line_breaks_and_tabs_and_name_long_principals(memory: Memory) -> None:
+    """A reason typed on Windows ends its lines in CRLF; a server names the caller's
+    principal, whose name may hold a tab, in the actor and requester."""
+    memory.remember("old value", subject="Zed", key="k")
+    fixed = memory.rectify("k", "new", reason="line one\r\nline two\tend", actor="ops\tteam (via " + "p" * 300 + ")")
+    assert fixed.text == "new"
+    memory.restrict("Zed", reason="contested\r\n", actor="ops\tteam")

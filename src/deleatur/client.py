@@ -45,7 +45,10 @@ def _space(space: Space) -> dict[str, str]:
 
 def _segment(value: str) -> str:
     """A path segment: a subject or user id may hold '/', '?' or '#'."""
-    return quote(value, safe="")
+    try:
+        return quote(value, safe="")
+    except UnicodeEncodeError:
+        raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -331,6 +334,8 @@ class Client:
                 for text in response.iter_text():
                     out.write(text)
                     tail = (tail + text)[-_COUNTS_TAIL:]
+        except UnicodeEncodeError:
+            raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
         except httpx.HTTPError:
             raise DeleaturError("the export was cut short: what was written is incomplete") from None
         # The document's last member; anchored at its end, so no record's metadata can pose as it.

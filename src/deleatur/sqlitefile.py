@@ -8,7 +8,6 @@ freelist pages.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -73,8 +72,12 @@ def connect(
     if create:
         # Owner-only from the first byte: the full-text index holds the words of the
         # text, and SQLite gives the -wal and -shm files the database file's mode.
-        with contextlib.suppress(FileExistsError):
+        try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc.strerror}") from None
     try:
         conn = apsw.Connection(str(path), flags=flags)
         conn.set_busy_handler(_busy_handler())

@@ -96,7 +96,8 @@ class Entry:
         (what verifying a million entries needs; ``decode`` does the full check)."""
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            # ValueError covers JSONDecodeError and integers past Python's digit limit.
             raise EntryError("log entry is not canonical JSON") from None
         if not isinstance(body, dict) or body.get("v") != ENTRY_VERSION or body.get("type") not in _TYPES:
             raise EntryError("log entry has an unknown format version or type")
@@ -108,13 +109,14 @@ class Entry:
     def decode(cls, raw: bytes) -> Entry:
         try:
             body = json.loads(raw.decode("ascii"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            # ValueError covers JSONDecodeError and integers past Python's digit limit.
             raise EntryError("log entry is not canonical JSON") from None
         if not isinstance(body, dict) or body.get("v") != ENTRY_VERSION:
             raise EntryError("log entry has an unknown format version")
         try:
             entry = cls(EventType(body.pop("type")), int(body.pop("time")), {k: v for k, v in body.items() if k != "v"})
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, OverflowError):
             raise EntryError("log entry lacks a valid type or time") from None
         if entry.encode() != raw:
             raise EntryError("log entry is not in canonical form")

@@ -127,7 +127,10 @@ def run_workers(
         # A SIGTERM stops it as cleanly as Ctrl-C, with status 0 as several workers give.
         handler = signal.signal(signal.SIGTERM, _stopped)
         try:
-            started()
+            try:
+                started()
+            except _Stopped:
+                return 0  # stopped before serving a request
             return _serve(build, sock, log_level, "asyncio")
         finally:
             signal.signal(signal.SIGTERM, handler)
