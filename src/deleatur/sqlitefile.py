@@ -58,6 +58,17 @@ def _busy_handler() -> Callable[[int], bool]:
     return retry
 
 
+def is_ours(conn: apsw.Connection, path: Path, application_id: int, what: str) -> bool:
+    """True if the database carries ``application_id``; False if it is still empty, so
+    it may become one; else the file is something else: NotADeleaturStoreError."""
+    found = conn.execute("PRAGMA application_id").fetchall()[0][0]
+    if found == application_id:
+        return True
+    if found != 0 or conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]:
+        raise NotADeleaturStoreError(f"{path} is not a {what}")
+    return False
+
+
 def connect(
     path: Path,
     *,

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..clock import Clock, Random
 from ..errors import DataKeyDestroyedError, MasterKeyError, NotADeleaturStoreError
-from ..sqlitefile import connect, immediate, scrub
+from ..sqlitefile import connect, immediate, is_ours, scrub
 from .master import MasterKeySource
 
 KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
@@ -101,10 +101,7 @@ class KeyStore:
     @staticmethod
     def _identify(conn: apsw.Connection, path: Path, create: bool) -> None:
         """Refuse a file that is neither a key store nor, when creating, an empty one."""
-        app_id = conn.execute("PRAGMA application_id").fetchall()[0][0]
-        if app_id == KEYSTORE_APPLICATION_ID:
-            return
-        if app_id != 0 or not create or conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]:
+        if not is_ours(conn, path, KEYSTORE_APPLICATION_ID, "deleatur key store") and not create:
             raise NotADeleaturStoreError(f"{path} is not a deleatur key store")
 
     @staticmethod

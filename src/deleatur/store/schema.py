@@ -12,8 +12,8 @@ from pathlib import Path
 
 import apsw
 
-from ..errors import NotADeleaturStoreError, SchemaVersionError, StoreError
-from ..sqlitefile import immediate
+from ..errors import SchemaVersionError, StoreError
+from ..sqlitefile import immediate, is_ours
 
 APPLICATION_ID = 0x444C5452  # "DLTR"
 
@@ -211,12 +211,8 @@ def _int(conn: apsw.Connection, sql: str) -> int:
 def identify(conn: apsw.Connection, path: Path, *, create: bool) -> None:
     """Refuse a file that is not a deleatur store, or (unless creating) one not yet made
     into one, before anything is written to it."""
-    app_id = _int(conn, "PRAGMA application_id")
-    if app_id != APPLICATION_ID:
-        if app_id != 0 or _int(conn, "SELECT count(*) FROM sqlite_schema") > 0:
-            raise NotADeleaturStoreError(f"{path} is not a deleatur store")
-        if not create:
-            raise StoreError(f"{path} is empty, not an initialized store: remove it, then run `deleatur init`")
+    if not is_ours(conn, path, APPLICATION_ID, "deleatur store") and not create:
+        raise StoreError(f"{path} is empty, not an initialized store: remove it, then run `deleatur init`")
 
 
 def prepare(conn: apsw.Connection, path: Path, *, new_meta: dict[str, str]) -> None:
