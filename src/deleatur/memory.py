@@ -77,7 +77,6 @@ from .model import (
     Status,
     canonical_key,
     canonical_subject,
-    check_actor,
     check_int,
     check_note,
     check_query,
@@ -961,7 +960,7 @@ class Memory:
         if not isinstance(actor, str) or not actor.strip():
             raise InvalidInputError("rectify needs an actor")
         check_note(reason, "reason")
-        check_actor(actor.strip())
+        check_note(actor.strip(), "actor")
         key_ref = self._key_ref(space, canonical_key(key))
         with self._logged() as events:
             # Read the current value under the write lock, so a concurrent writer's

@@ -39,7 +39,8 @@ MAX_NOTE_BYTES = 4096
 
 
 def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str:
-    """A free-text note (a reason, a legal basis, a decision's summary): valid UTF-8, as
+    """A free-text note (a reason, a legal basis, a decision's summary, an actor or a
+    requester, which the servers fill with the caller's principal name): valid UTF-8, as
     everything stored must be to be read back, with no control characters but tabs and
     line breaks, and at most ``max_bytes``. Blank ones are the caller's to refuse."""
     if not isinstance(value, str):
@@ -50,12 +51,6 @@ def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str
     if any(unicodedata.category(ch) == "Cc" and ch not in "\t\n\r" for ch in value):
         raise InvalidInputError(f"{what} contains control characters")
     return value
-
-
-def check_actor(value: str, what: str = "actor") -> str:
-    """Who acted or asked (an actor, a requester): a note, since the servers name the
-    caller's principal in it, whose name may be long or hold a tab."""
-    return check_note(value, what)
 
 
 def check_query(query: object) -> str:

@@ -22,7 +22,7 @@ from ..access.principals import Role
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import SpaceFilter, canonical_subject, check_actor, check_note, forget_cached_subjects
+from ..model import SpaceFilter, canonical_subject, check_note, forget_cached_subjects
 from .plan import ErasurePlan, build_plan
 from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id
 
@@ -132,7 +132,7 @@ def erase(
     if not isinstance(requester, str) or not requester.strip():
         raise InvalidInputError("an erasure needs a requester", request_id=request_id)
     check_note(basis, "basis")
-    check_actor(requester.strip(), "requester")
+    check_note(requester.strip(), "requester")
     canonical = None if subject is None else canonical_subject(subject)
     if canonical is None and scope.user_id is None and retention is None:
         # A peer's delete_all with no filter wiped every user: never here.

@@ -19,7 +19,7 @@ from ..clock import isoformat
 from ..crypto.keystore import _frame
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject, check_actor, check_note
+from ..model import canonical_subject, check_note
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -53,7 +53,7 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
     if not isinstance(actor, str) or not actor.strip():
         raise InvalidInputError("a restriction needs an actor")
     check_note(reason, "reason")
-    check_actor(actor.strip())
+    check_note(actor.strip(), "actor")
     ref = memory._subject_ref(canonical)
     aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
     pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
@@ -79,7 +79,7 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
 
 def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
     canonical = canonical_subject(subject)
-    check_actor(actor.strip() if isinstance(actor, str) else actor)
+    check_note(actor.strip() if isinstance(actor, str) else actor, "actor")
     ref = memory._subject_ref(canonical)
     with memory._logged() as events:
         found = memory.backend.restrictions(memory.tenant, ref)
