@@ -43,12 +43,16 @@ def _space(space: Space) -> dict[str, str]:
     return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
 
 
+#: An argument holding a lone surrogate (what a bad decode leaves) cannot go into a request.
+_NOT_UTF8 = "an argument is not valid UTF-8 (it holds a lone surrogate)"
+
+
 def _segment(value: str) -> str:
     """A path segment: a subject or user id may hold '/', '?' or '#'."""
     try:
         return quote(value, safe="")
     except UnicodeEncodeError:
-        raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
+        raise InvalidInputError(_NOT_UTF8) from None
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -94,7 +98,7 @@ class Client:
         try:
             response = self.http.request(method, path, params=_drop_none(params or {}), json=payload, headers=headers)
         except UnicodeEncodeError:
-            raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
+            raise InvalidInputError(_NOT_UTF8) from None
         except httpx.TransportError as exc:
             # The library's callers catch DeleaturError: so must a remote store's.
             raise DeleaturError(f"cannot reach the deleatur server at {self.http.base_url}: {exc}") from None
@@ -335,7 +339,7 @@ class Client:
                     out.write(text)
                     tail = (tail + text)[-_COUNTS_TAIL:]
         except UnicodeEncodeError:
-            raise InvalidInputError("an argument is not valid UTF-8 (it holds a lone surrogate)") from None
+            raise InvalidInputError(_NOT_UTF8) from None
         except httpx.HTTPError:
             raise DeleaturError("the export was cut short: what was written is incomplete") from None
         # The document's last member; anchored at its end, so no record's metadata can pose as it.
