@@ -103,6 +103,9 @@ OPS = [
     Spec("erasure requests", (R, V), None, lambda m, w: m.erasure_requests()),
     Spec("erasure status", (R, V), None, lambda m, w: m.erasure_request("E-0")),
     Spec("certificate", (R, V), None, lambda m, w: m.certificate("E-0")),
+    # An erasure in one user's records: a key scoped to that user follows it.
+    Spec("erasure status in one user", (R, V), "u1", lambda m, w: m.erasure_request("E-U1")),
+    Spec("certificate in one user", (R, V), "u1", lambda m, w: m.certificate("E-U1")),
     Spec("checkpoint", (V, R, W), None, lambda m, w: m.checkpoint()),
     Spec("public key", (V, R, W), None, lambda m, w: m.public_key()),
     Spec("signing keys", (V, R, W), None, lambda m, w: m.signing_keys()),
@@ -127,6 +130,7 @@ CALLERS = {
     "member scoped to u2": (Role.MEMBER, ["u2"]),
     "auditor scoped to u2": (Role.AUDITOR, ["u2"]),
     "viewer scoped to u1": (Role.VIEWER, ["u1"]),
+    "agent scoped to u1": (Role.AGENT, ["u1"]),
 }
 
 
@@ -139,6 +143,8 @@ def _world(memory: Memory) -> World:
     memory.restrict("Bob", reason="dispute", actor="t")
     memory.remember("to be erased", subject="Zed")
     memory.erase("Zed", request_id="E-0", basis=BASIS, requester="t")
+    memory.remember("to be erased in u1", subject="Yan", space=U1)
+    memory.erase("Yan", request_id="E-U1", basis=BASIS, requester="t", scope=SpaceFilter("u1"))
     ids["decision"] = memory.record_decision("seed", [ids["u1"]], space=U1).id
     return World(memory, ids)
 
@@ -151,8 +157,8 @@ def _allowed(spec: Spec, role: Role, scopes: list[str] | None) -> bool:
         return False
     if scopes is None:
         return True
-    # Across the whole tenant, a scoped key may only verify, and only if it holds verify.
-    return spec.reach in scopes if spec.reach is not None else V in spec.needs and V in held
+    # Beyond its scopes, a scoped key may only verify, and only if it holds verify.
+    return (spec.reach is not None and spec.reach in scopes) or (V in spec.needs and V in held)
 
 
 def _last_call(memory: Memory) -> Entry:

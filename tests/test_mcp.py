@@ -156,6 +156,33 @@ def test_stdio_as_local_operator_and_as_an_agent(tmp_path: Path) -> None:
     _over_stdio(tmp_path, {**env, "DELEATUR_API_KEY": agent}, _agent)
 
 
+def test_a_scoped_agent_follows_its_own_erasure(tmp_path: Path) -> None:
+    store = tmp_path / "mem.db"
+    agent = api_key(new_store(store), Role.AGENT, scopes=["c2"])
+    env = {"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex(), "DELEATUR_API_KEY": agent}
+    _over_stdio(tmp_path, env, _scoped_agent)
+
+
+async def _scoped_agent(session: ClientSession) -> None:
+    """The erasure's reply points to its certificate: a key scoped to the erased user
+    can fetch it, and no other user's erasure."""
+    await session.initialize()
+    await _call(session, "remember", text="Hank's ticket", subject="Hank", user_id="c2")
+    plan = await _data(session, "delete", subject="Hank", user_id="c2", dry_run=True)
+    await _call(session, "delete", subject="Hank", user_id="c2", confirmation=plan["token"], request_id="DEL-C2")
+    status = await _data(session, "erasure_status", request_id="DEL-C2")
+    assert status["status"] == "complete"
+    certificate = await _data(session, "erasure_certificate", request_id="DEL-C2")
+    verdict = await _data(session, "verify_certificate", certificate=certificate)
+    assert verdict["verdict"] == "PASS"
+    elsewhere = await session.call_tool("delete", {"subject": "Hank", "user_id": "c3", "dry_run": True})
+    assert elsewhere.is_error and elsewhere.structured_content is not None
+    assert elsewhere.structured_content["error"]["missing"] == "scope"
+    missing = await session.call_tool("erasure_status", {"request_id": "DEL-NONE"})
+    assert missing.is_error and missing.structured_content is not None
+    assert missing.structured_content["error"]["missing"] == "scope"  # as for another user's request
+
+
 async def _agent(session: ClientSession) -> None:
     """An agent principal: writes, but erases only with its own dry run's token."""
     await session.initialize()

@@ -7,7 +7,18 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import MasterKeyError, Memory, NotADeleaturStoreError, SchemaVersionError, StoreError, from_bytes
+from deleatur import (
+    AccessDeniedError,
+    MasterKeyError,
+    Memory,
+    NotADeleaturStoreError,
+    Role,
+    SchemaVersionError,
+    Space,
+    SpaceFilter,
+    StoreError,
+    from_bytes,
+)
 from deleatur.store import schema
 
 from .conftest import MASTER, store_files
@@ -145,3 +156,26 @@ def test_init_refuses_to_overwrite_and_cleans_up_after_failure(tmp_path: Path) -
     with pytest.raises(RuntimeError, match="injected failure"):
         Memory.init(fresh, from_bytes(MASTER), random=failing_random)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fresh.db")] == []
+
+
+def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:
+    """v9 records which users an erasure reached; an older request says nothing, so a
+    key scoped to a user may not read it (as before), while an admin still may."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("x", subject="a", space=Space("u1"))
+        memory.erase("a", request_id="OLD-1", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
+        principal, _ = memory.create_principal("scoped", Role.VIEWER, scopes=["u1"])
+    conn = apsw.Connection(str(store_path))
+    conn.execute("ALTER TABLE erasure_requests DROP COLUMN users")
+    conn.execute("PRAGMA user_version = 8")
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert _version(store_path) == max(schema.MIGRATIONS)
+        assert memory.erasure_request("OLD-1").users is None
+        with pytest.raises(AccessDeniedError) as denied:
+            memory.as_principal(principal).erasure_request("OLD-1")
+        assert denied.value.missing == "scope"
+        memory.remember("y", subject="b", space=Space("u1"))
+        memory.erase("b", request_id="NEW-1", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
+        assert memory.as_principal(principal).erasure_request("NEW-1").status.value == "complete"

@@ -1134,7 +1134,7 @@ class Memory:
             require_confirmation=require_confirmation,
         )
 
-    @guarded("erasure.certificate", (R, V))
+    @guarded("erasure.certificate", (R, V), calls.of_request)
     def certificate(self, request_id: str) -> dict[str, Any]:
         """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
         return build_certificate(self, request_id)
@@ -1217,7 +1217,7 @@ class Memory:
     def restrictions(self) -> builtins.list[Restriction]:
         return restrictions(self)
 
-    @guarded("erasure.status", (R, V))
+    @guarded("erasure.status", (R, V), calls.of_request)
     def erasure_request(self, request_id: str) -> ErasureRequest:
         return get_request(self, request_id)
 

@@ -72,6 +72,24 @@ def enter(
     return call
 
 
+def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """An erasure request's status and certificate reach the users its erasure reached,
+    so a key scoped to them can follow its own erasures. The request names them only as
+    tokens: a scoped key's own users are matched against them, and a request that
+    reaches anyone else, or none that exists, reaches the whole tenant as far as that key
+    can tell (so it cannot probe which requests exist beyond its scopes)."""
+    scopes = memory.principal.scopes
+    request_id = args[0] if args else kwargs.get("request_id")
+    if scopes is None or not is_request_id(request_id):
+        return None
+    row = memory.backend.get_request(memory.tenant, request_id)
+    if row is None or row["users"] is None:
+        return None
+    named = {memory._user_token(user): user for user in scopes}
+    reached = row["users"].split()
+    return tuple(named[token] for token in reached) if all(token in named for token in reached) else None
+
+
 def _revoked(memory: Memory, principal: Principal) -> bool:
     """Revocation takes effect on the next call, on every view already made."""
     row = memory.backend.principal(principal.id)

@@ -32,30 +32,31 @@ from .principals import Capability
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Which user ids a call touches, from its arguments: None for the whole tenant.
-Reach = Callable[[tuple[Any, ...], Mapping[str, Any]], Iterable[str] | None]
+#: Which user ids a call touches, from the handle it is made on and its arguments:
+#: None for the whole tenant.
+Reach = Callable[[Any, tuple[Any, ...], Mapping[str, Any]], Iterable[str] | None]
 
 
-def tenant_wide(_args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> None:
+def tenant_wide(_memory: object, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> None:
     return None
 
 
-def in_space(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str]:
+def in_space(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str]:
     space = kwargs.get("space", DEFAULT_SPACE)
     return (space.user_id if isinstance(space, Space) else "",)
 
 
-def of_user(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
+def of_user(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
     user = kwargs.get("user_id")
     return None if user is None else (str(user),)
 
 
-def of_filter(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
+def of_filter(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str] | None:
     where = kwargs.get("where", kwargs.get("scope", EVERYWHERE))
     return (where.user_id,) if isinstance(where, SpaceFilter) and where.user_id is not None else None
 
 
-def of_scopes(_args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+def of_scopes(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
     """A new principal reaches the users it will be scoped to (all, if unscoped)."""
     scopes = kwargs.get("scopes")
     return None if scopes is None else tuple(scopes)
@@ -96,7 +97,7 @@ def guarded(
     def decorate(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:
         @functools.wraps(method)
         def wrapper(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            call = self._enter_call(action, capability, reach(args, kwargs), kwargs.get("request_id"))
+            call = self._enter_call(action, capability, reach(self, args, kwargs), kwargs.get("request_id"))
             call.audit, call.logged = audit, not audit
             try:
                 result = method(self, *args, **kwargs)

@@ -177,6 +177,7 @@ def erase(
         status=RequestStatus.FAILED,
         error=None,
         fingerprint=fingerprint,
+        users=None if scope.user_id is None else (memory._user_token(scope.user_id),),
     )
     try:
         with memory._logged(sign=True) as events:

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..clock import from_datetime, isoformat, to_datetime
 from ..errors import InvalidInputError
@@ -31,7 +31,7 @@ class RequestKind(enum.StrEnum):
     RETENTION = "retention"
 
 
-def is_request_id(value: object) -> bool:
+def is_request_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _REQUEST_ID.fullmatch(value) is not None
 
 
@@ -73,6 +73,9 @@ class ErasureRequest:
     #: A keyed digest of what was asked (kind, subject, scope): a reused request id
     #: must ask for the same erasure.
     fingerprint: bytes = b""
+    #: The users the erasure reached, as opaque tokens (see ``Memory._user_token``);
+    #: None for the whole tenant.
+    users: tuple[str, ...] | None = None
 
     @property
     def deadline(self) -> int:
@@ -119,6 +122,7 @@ class ErasureRequest:
             "tombstones": json.dumps(list(self.tombstones)),
             "pending_keys": json.dumps([k.hex() for k in self.pending_keys]),
             "fingerprint": self.fingerprint,
+            "users": None if self.users is None else " ".join(self.users),
         }
 
     @classmethod
@@ -141,6 +145,7 @@ class ErasureRequest:
             tombstones=tuple(int(i) for i in json.loads(row["tombstones"])),
             pending_keys=tuple(bytes.fromhex(k) for k in json.loads(row["pending_keys"])),
             fingerprint=bytes(row["fingerprint"]),
+            users=None if row["users"] is None else tuple(row["users"].split()),
         )
 
     def to_json(self, now: int) -> dict[str, Any]:

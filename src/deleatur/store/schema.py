@@ -188,6 +188,13 @@ def _v8(conn: apsw.Connection) -> None:
     ).fetchall()
 
 
+def _v9(conn: apsw.Connection) -> None:
+    """Which users an erasure request reached, as the audit log names users (opaque
+    tokens): a key scoped to them may then read the request and its certificate.
+    NULL is the whole tenant, which is also what requests made before say."""
+    conn.execute("ALTER TABLE erasure_requests ADD COLUMN users TEXT").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -198,6 +205,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     6: _v6,
     7: _v7,
     8: _v8,
+    9: _v9,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

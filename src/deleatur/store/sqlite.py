@@ -44,6 +44,7 @@ _REQUEST_COLUMNS = (
     "tombstones",
     "pending_keys",
     "fingerprint",
+    "users",
 )
 _DECISION_COLUMNS = (
     "tenant",
