@@ -157,7 +157,13 @@ def verify_certificate(
     else:
         report.add("checkpoint", False, "the checkpoint is not signed by the certificate's key")
 
-    report.add("tombstones", *_tombstones(body, checkpoint, record_ids, request_id))
+    # Parsed once for the two checks that read them, each reporting a malformed list itself.
+    tombstones: list[_Tombstone] | _Invalid
+    try:
+        tombstones = _tombstone_list(body)
+    except _Invalid as exc:
+        tombstones = exc
+    report.add("tombstones", *_tombstones(tombstones, checkpoint, record_ids, request_id))
     report.add("attests_erasure", *_attests(body, record_ids))
     report.add("scope_intact", *_scope_intact(body, request, erasure, record_ids))
 
@@ -182,7 +188,7 @@ def verify_certificate(
         report.notes.append("ABSENCE NOT CHECKED: pass --store to check the erased records are gone from the store.")
         return report
     report.add("store_identity", *_store_identity(store_id, checkpoint, store))
-    report.add("store_log", *_store_log(body, checkpoint, store))
+    report.add("store_log", *_store_log(tombstones, checkpoint, store))
     report.add("store_absent", *_absent(store, tenant, record_ids, erasure))
     return report
 
@@ -234,11 +240,13 @@ def _other_keys_kept(erasure: dict[str, Any]) -> int:
 
 
 def _tombstones(
-    body: dict[str, Any], checkpoint: Checkpoint, record_ids: list[str], request_id: str
+    tombstones: list[_Tombstone] | _Invalid, checkpoint: Checkpoint, record_ids: list[str], request_id: str
 ) -> tuple[bool, str]:
+    if isinstance(tombstones, _Invalid):
+        return False, f"the tombstones are malformed: {tombstones}"
     seen: list[str] = []
     try:
-        for i, item in enumerate(_tombstone_list(body)):
+        for i, item in enumerate(tombstones):
             try:
                 parsed = Entry.decode(item.entry)
             except EntryError as exc:
@@ -247,8 +255,6 @@ def _tombstones(
                 return False, f"entry {item.index} is not a tombstone of request {request_id}"
             verify_inclusion(item.index, checkpoint.size, leaf_hash(item.entry), item.proof, checkpoint.root)
             seen.append(str(parsed.record))
-    except _Invalid as exc:
-        return False, f"the tombstones are malformed: {exc}"
     except ProofError as exc:
         return False, exc.message
     if sorted(seen) != sorted(record_ids):
@@ -293,14 +299,14 @@ def _store_identity(store_id: dict[str, Any], checkpoint: Checkpoint, store: Sto
     return True, f"store {store.store_id}"
 
 
-def _store_log(body: dict[str, Any], checkpoint: Checkpoint, store: StoreEvidence) -> tuple[bool, str]:
+def _store_log(
+    tombstones: list[_Tombstone] | _Invalid, checkpoint: Checkpoint, store: StoreEvidence
+) -> tuple[bool, str]:
     size = store.log_size()
     if size < checkpoint.size:
         return False, f"the store's log has {size} entries, fewer than the certificate's {checkpoint.size}"
-    try:
-        tombstones = _tombstone_list(body)
-    except _Invalid as exc:
-        return False, f"the tombstones cannot be looked up: {exc}"
+    if isinstance(tombstones, _Invalid):
+        return False, f"the tombstones cannot be looked up: {tombstones}"
     for item in tombstones:
         # An index past the certified tree is not one of its entries (and may not fit the store's integers).
         if item.index >= checkpoint.size or store.log_entry(item.index) != item.entry:
