@@ -171,6 +171,17 @@ def test_names_with_url_characters(client: Client) -> None:
     assert client.erase_all(user_id="odd/user?#", request_id="ODD-2")["counts"]["records"] == 0
 
 
+def test_a_caller_names_whom_it_acts_for(client: Client) -> None:
+    """Recorded beside the key's principal, which a request cannot leave out."""
+    client.remember("acting", subject="Ida", space=Space("behalf"))
+    assert client.restrict("Ida", reason="contested", actor="dpo")["actor"] == "dpo (via test admin)"
+    client.unrestrict("Ida", actor="dpo")
+    client.erase("Ida", request_id="VIA-1", requester="the data subject")
+    assert client.erasure_request("VIA-1")["requester"] == "the data subject (via test admin)"
+    client.erase_all(user_id="behalf", request_id="VIA-2")
+    assert client.erasure_request("VIA-2")["requester"] == "test admin"
+
+
 def test_account_erasure_and_status(client: Client) -> None:
     client.remember("a", subject="S1", space=Space("acct-9", agent_id="x"))
     client.remember("b", subject="S2", space=Space("acct-9"))

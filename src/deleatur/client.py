@@ -220,6 +220,7 @@ class Client:
         *,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
+        requester: str | None = None,
         scope: SpaceFilter = EVERYWHERE,
         dry_run: bool = False,
         allow_ambiguous: bool = False,
@@ -227,10 +228,13 @@ class Client:
         confirmation: str | None = None,
     ) -> dict[str, Any]:
         """The 202 body (``request_id``, ``status``, ``counts``...), or with ``dry_run``
-        the plan (and ``token`` with ``issue_token``). Repeating ``request_id`` is safe."""
+        the plan (and ``token`` with ``issue_token``). Repeating ``request_id`` is safe.
+        The server records the requester as '<requester> (via <the key's principal>)',
+        or the principal alone."""
         if dry_run:
             return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
-        params = {"basis": basis, "allow_ambiguous": allow_ambiguous, "confirmation": confirmation, **scope.to_json()}
+        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        params = {**asked, "allow_ambiguous": allow_ambiguous, **scope.to_json()}
         result: dict[str, Any] = self._call(
             "DELETE", f"/v1/subjects/{_segment(subject)}", params=params, headers=_idempotency(request_id)
         )
@@ -242,6 +246,7 @@ class Client:
         user_id: str,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
+        requester: str | None = None,
         agent_id: str | None = None,
         run_id: str | None = None,
         dry_run: bool = False,
@@ -250,7 +255,8 @@ class Client:
     ) -> dict[str, Any]:
         if dry_run:
             return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
-        params = {"basis": basis, "agent_id": agent_id, "run_id": run_id, "confirmation": confirmation}
+        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        params = {**asked, "agent_id": agent_id, "run_id": run_id}
         result: dict[str, Any] = self._call(
             "DELETE", f"/v1/users/{_segment(user_id)}", params=params, headers=_idempotency(request_id)
         )
@@ -314,12 +320,14 @@ class Client:
 
     # -- restriction (Art. 18), export (Art. 15/20) -----------------------------------------
 
-    def restrict(self, subject: str, *, reason: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/restrictions", body={"subject": subject, "reason": reason})
+    def restrict(self, subject: str, *, reason: str, actor: str | None = None) -> dict[str, Any]:
+        """The server records the actor as ``rectify`` does."""
+        body = _drop_none({"subject": subject, "reason": reason, "actor": actor})
+        result: dict[str, Any] = self._call("POST", "/v1/restrictions", body=body)
         return result
 
-    def unrestrict(self, subject: str) -> None:
-        self._call("DELETE", f"/v1/restrictions/{_segment(subject)}")
+    def unrestrict(self, subject: str, *, actor: str | None = None) -> None:
+        self._call("DELETE", f"/v1/restrictions/{_segment(subject)}", params={"actor": actor})
 
     def restrictions(self) -> builtins.list[dict[str, Any]]:
         restrictions: builtins.list[dict[str, Any]] = self._call("GET", "/v1/restrictions")["restrictions"]
