@@ -112,9 +112,10 @@ def test_receipt_and_log(client: Client) -> None:
 def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: str, admin: dict[str, str]) -> None:
     kept = client.remember("Bob likes tea", subject="Bob", space=Space("erase-user"))
     doomed = client.remember("Carol's address", subject="Carol Jones", space=Space("erase-user"))
-    client.remember("Carol, derived", subject="Team", derived_from=[doomed["id"]], space=Space("erase-user"))
+    derived = client.remember("Carol, derived", subject="Team", derived_from=[doomed["id"]], space=Space("erase-user"))
     plan = client.erase("carol jones", dry_run=True, issue_token=True)
     assert plan["plan"]["total"] == 2
+    assert (plan["plan"]["subject"], plan["plan"]["subjects"]) == ("carol jones", 2)
     assert plan["token"]
     response = httpx.delete(
         f"{base_url}/v1/subjects/Carol Jones",
@@ -125,6 +126,9 @@ def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: st
     body = response.json()
     assert {body["request_id"], body["status"], body["counts"]["records"]} == {"DSAR-1", "complete", 2}
     assert response.headers["location"] == "/v1/erasures/DSAR-1"
+    assert body["certificate_url"] == "/v1/erasures/DSAR-1/certificate"
+    assert body["request"]["id"] == "DSAR-1"  # the whole request, beside the members that came first
+    assert body["request"]["record_ids"] == [doomed["id"], derived["id"]]  # direct, then through lineage
     again = client.erase("Carol Jones", request_id="DSAR-1", basis="Art. 17(1)(a)")
     assert again["repeated"] is True
     assert again["requested_at"] == body["requested_at"]

@@ -304,6 +304,10 @@ class Hit:
     record: Record
     score: float
 
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON with its ``score``."""
+        return {**self.record.to_json(), "score": self.score}
+
 
 #: The space of a caller that names none: user "default", no agent, no run.
 DEFAULT_SPACE = Space()

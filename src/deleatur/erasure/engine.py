@@ -16,7 +16,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..access.principals import Role
 from ..decisions.snapshots import redact as redact_decisions
@@ -54,6 +54,14 @@ class ErasureResult:
     plan: ErasurePlan | None  # None when an earlier result is returned for a repeated id
     token: str | None = None
     repeated: bool = False
+
+    def to_json(self, now: int) -> dict[str, Any]:
+        """A dry run's plan and token, or the request an erasure made (or repeated): what
+        every shell prints. ``now`` decides whether the request's deadline was met."""
+        if self.request is None:
+            assert self.plan is not None
+            return {"dry_run": True, "plan": self.plan.to_json(), "token": self.token}
+        return {"request": self.request.to_json(now), "repeated": self.repeated}
 
 
 def _token_hash(token: str) -> bytes:

@@ -75,6 +75,7 @@ class ErasurePlan:
             ]
 
         return {
+            "subject": self.subject,
             "scope": self.scope.to_json(),
             "total": self.total,
             "direct": rows(self.direct),
@@ -84,6 +85,7 @@ class ErasurePlan:
             "ambiguous": self.ambiguous,
             "per_space": self.per_space(),
             "keys_destroyed": len(self.destroy_keys),
+            "subjects": self.subjects,
             "kept_in_other_spaces": self.kept_elsewhere,
             "derived_outside_scope": self.outside_lineage,
             "note": RESIDUE_HINT,

@@ -147,6 +147,7 @@ class ErasureRequest:
         """The request as `deleatur requests` shows it: no subject name, only its pseudonym."""
         return {
             "id": self.id,
+            "tenant": self.tenant,
             "kind": self.kind.value,
             "subject": self.subject_pseudonym,
             "scope": self.scope.to_json(),
@@ -159,6 +160,7 @@ class ErasureRequest:
             "status": self.status.value,
             "error": self.error,
             "counts": self.counts,
+            "record_ids": list(self.record_ids),
             "tombstones": list(self.tombstones),
             "phases": self.phases(),
         }

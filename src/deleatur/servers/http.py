@@ -213,7 +213,8 @@ def _error(info: ErrorInfo) -> JSONResponse:
 
 
 def _erasure_accepted(result: ErasureResult) -> JSONResponse:
-    """202 with where to follow the request; a repeated request id answers the same."""
+    """202 with where to follow the request; a repeated request id answers the same.
+    ``request`` is the whole request; the members beside it came first, and stay."""
     request = result.request
     assert request is not None
     status_url = f"/v1/erasures/{request.id}"
@@ -222,17 +223,12 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
         "status": request.status.value,
         "requested_at": isoformat(request.received_at),
         "completed_at": None if request.completed_at is None else isoformat(request.completed_at),
-        "repeated": result.repeated,
         "counts": request.counts,
         "status_url": status_url,
         "certificate_url": f"/v1/erasures/{request.id}/certificate" if request.counts.get("records") else None,
+        **result.to_json(system_clock()),
     }
     return JSONResponse(body, status_code=202, headers={"Location": status_url})
-
-
-def _plan(result: ErasureResult) -> dict[str, Any]:
-    assert result.plan is not None
-    return {"dry_run": True, "plan": result.plan.to_json(), "token": result.token}
 
 
 _EXPORT_CHUNK = 64 * 1024
@@ -442,7 +438,7 @@ def create_app(
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
         hits = await serve(lambda m: m.recall(q, space=Space(user_id, agent_id, run_id), limit=limit))
-        return {"hits": [{**h.record.to_json(), "score": h.score} for h in hits]}
+        return {"hits": [h.to_json() for h in hits]}
 
     @app.get("/v1/memories/{record_id}", tags=["memories"])
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
@@ -587,7 +583,7 @@ def create_app(
                     issue_token=body.issue_token,
                 )
             )
-        return _plan(result)
+        return result.to_json(system_clock())
 
     @app.get("/v1/erasures", tags=["erasure"])
     async def erasures() -> dict[str, Any]:
@@ -624,7 +620,7 @@ def create_app(
                 confirmation=body.confirmation,
             )
         )
-        return JSONResponse(_plan(result)) if result.request is None else _erasure_accepted(result)
+        return JSONResponse(result.to_json(system_clock())) if result.request is None else _erasure_accepted(result)
 
     # -- decisions -------------------------------------------------------------------------
 
