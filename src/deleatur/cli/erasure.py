@@ -56,7 +56,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         )
     for space, n in plan.per_space().items():
         out.print(f"  {space}: {n}", markup=False)
-    out.print(f"data keys destroyed: {len(plan.destroy_keys)}", markup=False)
+    out.print(f"data keys destroyed: {plan.keys_destroyed}", markup=False)
     if plan.kept_elsewhere:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
     if plan.outside_lineage:
