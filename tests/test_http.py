@@ -18,6 +18,7 @@ import pytest
 from deleatur import (
     AccessDeniedError,
     AuthenticationError,
+    Checkpoint,
     DeleaturError,
     IntegrityError,
     InvalidInputError,
@@ -25,9 +26,12 @@ from deleatur import (
     NewMemory,
     NotFoundError,
     Role,
+    Status,
 )
 from deleatur.client import Client
+from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
+from deleatur.erasure.requests import RequestStatus
 from deleatur.model import Space, SpaceFilter
 from deleatur.servers.http import MAX_EXPORTS, create_app
 
@@ -68,54 +72,56 @@ def client(base_url: str, keys: Keys) -> Iterator[Client]:
 def test_memories_round_trip(client: Client) -> None:
     space = Space("rt-user", agent_id="support")
     first = client.remember("Alice's phone is +100", subject="Alice Martin", key="alice::phone", space=space)
-    assert first["status"] == "ACTIVE"
-    assert client.get(first["id"], space=space)["text"] == "Alice's phone is +100"
+    assert first.status is Status.ACTIVE
+    assert client.get(first.id, space=space).text == "Alice's phone is +100"
     with pytest.raises(NotFoundError) as missing:
-        client.get(first["id"])  # another space: reported like a missing id
+        client.get(first.id)  # another space: reported like a missing id
     assert missing.value.code == "not_found"  # type: ignore[attr-defined]
     client.remember("Alice prefers email", subject="Alice Martin", space=space, metadata={"channel": "crm"})
     [hit] = client.recall("email", space=space)
-    assert hit["metadata"] == {"channel": "crm"}
-    assert hit["score"] > 0
+    assert hit.record.metadata == {"channel": "crm"}
+    assert hit.score > 0
     fixed = client.rectify("alice::phone", "Alice's phone is +101", reason="typo", actor="dpo", space=space)
-    assert fixed["supersedes"] == first["id"]
-    assert [r["text"] for r in client.history("alice::phone", space=space)] == [
+    assert fixed.supersedes == first.id
+    assert [r.text for r in client.history("alice::phone", space=space)] == [
         "Alice's phone is +100",
         "Alice's phone is +101",
     ]
     retired = client.forget(space=space, key="alice::phone")
-    assert retired["status"] == "RETIRED"
-    assert len(client.list(space=space)) == 1
-    assert len(client.list(space=space, include_history=True)) == 3
-    assert client.list(space=space, subject="alice martin", limit=1)[0]["subject"] == "alice martin"
+    assert retired.status is Status.RETIRED
+    assert len(list(client.list(space=space))) == 1
+    assert len(list(client.list(space=space, include_history=True))) == 3
+    assert next(client.list(space=space, subject="alice martin", limit=1)).subject == "alice martin"
 
 
 def test_receipt_and_log(client: Client) -> None:
     record = client.remember("receipt me", subject="Receipts")
-    receipt = client.receipt(record["id"])
+    receipt = client.receipt(record.id)
     key = client.public_key()
-    assert client.verify_receipt(receipt, key=key["vkey"])["verdict"] == "PASS"
+    assert client.verify_receipt(receipt, key=key.vkey).ok
+    assert client.verify_receipt(receipt.to_json(), key=key.vkey).ok  # a receipt's JSON, as kept in a file
     unpinned = client.verify_receipt(receipt)
-    assert unpinned["verdict"] == "PASS"
-    assert "KEY NOT PINNED" in unpinned["notes"][0]
+    assert unpinned.ok
+    assert "KEY NOT PINNED" in unpinned.notes[0]
     latest = client.checkpoint()
-    assert latest.startswith(key["origin"] + "\n")
-    size = int(latest.splitlines()[1])
+    assert latest.text.startswith(key.name + "\n")
+    size = Checkpoint.parse(latest.text).size
     assert client.checkpoint(size=size) == latest  # a stored one, fetched by its size
     with pytest.raises(NotFoundError, match=f"no stored checkpoint of size {size + 10**6}"):
         client.checkpoint(size=size + 10**6)
     with pytest.raises(InvalidInputError, match="size must be an integer from 0 to"):
         client.checkpoint(size=2**64)  # beyond SQLite's integers: was a 500
-    assert client.verify_log()["verdict"] == "PASS"
+    assert client.verify_log().ok
 
 
 def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: str, admin: dict[str, str]) -> None:
     kept = client.remember("Bob likes tea", subject="Bob", space=Space("erase-user"))
     doomed = client.remember("Carol's address", subject="Carol Jones", space=Space("erase-user"))
-    client.remember("Carol, derived", subject="Team", derived_from=[doomed["id"]], space=Space("erase-user"))
+    derived = client.remember("Carol, derived", subject="Team", derived_from=[doomed.id], space=Space("erase-user"))
     plan = client.erase("carol jones", dry_run=True, issue_token=True)
-    assert plan["plan"]["total"] == 2
-    assert plan["token"]
+    assert plan.plan is not None and plan.plan.total == 2
+    assert (plan.plan.subject, plan.plan.subjects) == ("carol jones", 2)
+    assert plan.token
     response = httpx.delete(
         f"{base_url}/v1/subjects/Carol Jones",
         headers={"Idempotency-Key": "DSAR-1", **admin},
@@ -125,27 +131,30 @@ def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: st
     body = response.json()
     assert {body["request_id"], body["status"], body["counts"]["records"]} == {"DSAR-1", "complete", 2}
     assert response.headers["location"] == "/v1/erasures/DSAR-1"
+    assert body["certificate_url"] == "/v1/erasures/DSAR-1/certificate"
+    assert body["request"]["id"] == "DSAR-1"  # the whole request, beside the members that came first
+    assert body["request"]["record_ids"] == [doomed.id, derived.id]  # direct, then through lineage
     again = client.erase("Carol Jones", request_id="DSAR-1", basis="Art. 17(1)(a)")
-    assert again["repeated"] is True
-    assert again["requested_at"] == body["requested_at"]
+    assert again.repeated is True and again.request is not None
+    assert isoformat(again.request.received_at) == body["requested_at"]
     status = client.erasure_request("DSAR-1")
-    assert status["status"] == "complete"
-    assert [(p["name"], p["status"]) for p in status["phases"]] == [
+    assert status.status is RequestStatus.COMPLETE
+    assert [(p["name"], p["status"]) for p in status.phases()] == [
         ("received", "done"),
         ("records_erased", "done"),
         ("keys_destroyed", "done"),
     ]
-    assert all(p["at"] for p in status["phases"])
+    assert all(p["at"] for p in status.phases())
     certificate = client.certificate("DSAR-1")
-    report = client.verify_certificate(certificate, expected_pubkey=client.public_key()["vkey"])
-    assert report["verdict"] == "PASS"
+    report = client.verify_certificate(certificate, expected_pubkey=client.public_key().vkey)
+    assert report.ok
     tampered = json.loads(json.dumps(certificate))
     tampered["certificate"]["request"]["basis"] = "Art. 6"
-    assert client.verify_certificate(tampered)["verdict"] == "FAIL"
+    assert not client.verify_certificate(tampered).ok
     with pytest.raises(NotFoundError):
-        client.get(doomed["id"], space=Space("erase-user"))
-    assert client.get(kept["id"], space=Space("erase-user"))["text"] == "Bob likes tea"
-    assert "DSAR-1" in [r["id"] for r in client.erasure_requests()]
+        client.get(doomed.id, space=Space("erase-user"))
+    assert client.get(kept.id, space=Space("erase-user")).text == "Bob likes tea"
+    assert "DSAR-1" in [r.id for r in client.erasure_requests()]
 
 
 def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[str, str]) -> None:
@@ -166,19 +175,30 @@ def test_names_with_url_characters(client: Client) -> None:
     client.remember("odd name", subject=odd, space=Space("odd/user?#"))
     client.restrict(odd, reason="check")
     client.unrestrict(odd)
-    erased = client.erase(odd, request_id="ODD-1")
-    assert erased["counts"]["records"] == 1
-    assert client.erase_all(user_id="odd/user?#", request_id="ODD-2")["counts"]["records"] == 0
+    erased = client.erase(odd, request_id="ODD-1").request
+    assert erased is not None and erased.counts["records"] == 1
+    emptied = client.erase_all(user_id="odd/user?#", request_id="ODD-2").request
+    assert emptied is not None and emptied.counts["records"] == 0
+
+
+def test_a_caller_names_whom_it_acts_for(client: Client) -> None:
+    """Recorded beside the key's principal, which a request cannot leave out."""
+    client.remember("acting", subject="Ida", space=Space("behalf"))
+    assert client.restrict("Ida", reason="contested", actor="dpo").actor == "dpo (via test admin)"
+    client.unrestrict("Ida", actor="dpo")
+    client.erase("Ida", request_id="VIA-1", requester="the data subject")
+    assert client.erasure_request("VIA-1").requester == "the data subject (via test admin)"
+    client.erase_all(user_id="behalf", request_id="VIA-2")
+    assert client.erasure_request("VIA-2").requester == "test admin"
 
 
 def test_account_erasure_and_status(client: Client) -> None:
     client.remember("a", subject="S1", space=Space("acct-9", agent_id="x"))
     client.remember("b", subject="S2", space=Space("acct-9"))
     client.remember("c", subject="S3", space=Space("acct-10"))
-    done = client.erase_all(user_id="acct-9", request_id="ACC-9")
-    assert done["counts"]["records"] == 2
-    assert done["certificate_url"] == "/v1/erasures/ACC-9/certificate"
-    assert len(client.list(space=Space("acct-10"))) == 1
+    done = client.erase_all(user_id="acct-9", request_id="ACC-9").request
+    assert done is not None and done.counts["records"] == 2
+    assert len(list(client.list(space=Space("acct-10")))) == 1
 
 
 def test_export_restrict_and_purge(client: Client) -> None:
@@ -188,16 +208,16 @@ def test_export_restrict_and_purge(client: Client) -> None:
     assert counts["records"] == 1
     assert json.loads(out.getvalue())["records"][0]["text"] == "Eve's note"
     restriction = client.restrict("Eve", reason="accuracy contested")
-    assert restriction["reason"] == "accuracy contested"
+    assert restriction.reason == "accuracy contested"
     with pytest.raises(InvalidInputError) as refused:
         client.remember("more about Eve", subject="Eve")
     assert refused.value.code == "subject_restricted"  # type: ignore[attr-defined]
     assert len(client.restrictions()) == 1
     client.unrestrict("Eve")
     assert client.restrictions() == []
-    assert client.purge(dry_run=True)["dry_run"] is True
-    purged = client.purge(request_id="RET-1")
-    assert purged["request_id"] == "RET-1"
+    assert client.purge(dry_run=True).request is None
+    purged = client.purge(request_id="RET-1").request
+    assert purged is not None and purged.id == "RET-1"
 
 
 def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
@@ -264,7 +284,7 @@ def test_bearer_key_required_and_capabilities_enforced(base_url: str, keys: Keys
     with Client(base_url, api_key="dlt_bad") as stranger, pytest.raises(AuthenticationError):
         stranger.list()
     with Client(base_url, api_key=keys[Role.VIEWER]) as viewer:
-        assert viewer.list(space=Space("nobody")) == []
+        assert list(viewer.list(space=Space("nobody"))) == []
         with pytest.raises(AccessDeniedError) as denied:
             viewer.remember("x", subject="y")
         assert denied.value.missing == "write"
@@ -272,7 +292,7 @@ def test_bearer_key_required_and_capabilities_enforced(base_url: str, keys: Keys
     who = httpx.get(f"{base_url}/v1/whoami", headers={"Authorization": f"Bearer {keys[Role.AUDITOR]}"}).json()
     assert (who["role"], who["capabilities"]) == ("auditor", ["verify"])
     with Client(base_url, api_key=keys[Role.AUDITOR]) as auditor:
-        assert auditor.verify_log()["verdict"] == "PASS"
+        assert auditor.verify_log().ok
         denied_erasure = httpx.delete(
             f"{base_url}/v1/subjects/anyone", headers={"Authorization": f"Bearer {keys[Role.AUDITOR]}"}
         )
@@ -287,8 +307,8 @@ def test_agent_erases_only_with_its_dry_run_token(base_url: str, keys: Keys) -> 
             agent.erase("Frank", request_id="AG-1")
         assert unconfirmed.value.status == 428  # type: ignore[attr-defined]
         plan = agent.erase("Frank", dry_run=True, issue_token=True)
-        done = agent.erase("Frank", request_id="AG-2", confirmation=plan["token"])
-        assert done["counts"]["records"] == 1
+        done = agent.erase("Frank", request_id="AG-2", confirmation=plan.token).request
+        assert done is not None and done.counts["records"] == 1
 
 
 def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[str, str]) -> None:
@@ -303,14 +323,12 @@ def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[st
 def test_decisions_are_signed_and_redacted_on_erasure(client: Client) -> None:
     space = Space("decider")
     used = client.remember("Refunds within 30 days", subject="refund_window", space=space)
-    decision = client.record_decision("Refund order #91", [used["id"]], space=space)
-    decision_id = decision["decision"]["id"]
-    explained = client.explain_decision(decision_id, space=space)
-    assert explained["signature"] == "verified"
-    assert explained["decision"]["beliefs"][0]["value"] == "Refunds within 30 days"
-    erased = client.erase("refund_window", request_id="DEC-1", scope=SpaceFilter("decider"))
-    assert erased["counts"]["decisions_redacted"] == 1
-    belief = client.explain_decision(decision_id, space=space)["decision"]["beliefs"][0]
+    decision = client.record_decision("Refund order #91", [used.id], space=space)
+    explained = client.explain_decision(decision.id, space=space)
+    assert explained.body["beliefs"][0]["value"] == "Refunds within 30 days"
+    erased = client.erase("refund_window", request_id="DEC-1", scope=SpaceFilter("decider")).request
+    assert erased is not None and erased.counts["decisions_redacted"] == 1
+    belief = client.explain_decision(decision.id, space=space).body["beliefs"][0]
     assert (belief["redacted"], belief["value"]) == (True, None)
 
 
@@ -322,12 +340,13 @@ def test_client_list_follows_pages_to_the_end(tmp_path_factory: pytest.TempPathF
         )
     key = api_key(opener, Role.VIEWER)
     with serving(create_app(opener)) as url, Client(url, api_key=key) as remote:
-        everything = remote.list(space=Space("pages"))
-        assert [r["id"] for r in everything] == sorted(r.id for r in written)  # all of them, in order, once
-        assert len(remote.list(space=Space("pages"), limit=1_200)) == 1_200
+        everything = list(remote.list(space=Space("pages")))
+        assert everything == sorted(written, key=lambda r: r.id)  # all of them, in order, once
+        assert len(list(remote.list(space=Space("pages"), limit=1_200))) == 1_200
+        assert list(remote.list(space=Space("pages"), after=everything[999].id, limit=5)) == everything[1000:1005]
         page = httpx.get(
             f"{url}/v1/memories",
-            params={"user_id": "pages", "limit": 1000, "after": everything[1999]["id"]},
+            params={"user_id": "pages", "limit": 1000, "after": everything[1999].id},
             headers={"Authorization": f"Bearer {key}"},
         ).json()
         assert len(page["records"]) == 345 and page["next"] is None
@@ -388,7 +407,7 @@ def test_calls_during_an_export_are_not_frozen(big_store: Callable[[], Memory]) 
         reader.start()
         assert started.wait(30)
         t0 = time.monotonic()
-        remote.forget(record_id=target["id"], space=Space("u2"))  # its WAL checkpoint waits for the export
+        remote.forget(record_id=target.id, space=Space("u2"))  # its WAL checkpoint waits for the export
         assert time.monotonic() - t0 < 10
         reader.join(60)
         assert not reader.is_alive()

@@ -1,10 +1,15 @@
 """A client for the HTTP API with the embedded library's calls.
 
-``Client`` has :class:`~deleatur.Memory`'s method names and keyword arguments, so
-a service can move between an embedded store and a remote one by changing how
-it gets the object. Results are the JSON the API returns (records as
-``Record.to_json()`` prints them); refusals raise the library's own errors
-(``NotFoundError``, ``InvalidInputError``, ...) carrying ``status`` and ``code``.
+``Client`` has :class:`~deleatur.Memory`'s method names and keyword arguments, and
+returns what the library returns: a :class:`~deleatur.Record` from ``remember`` and
+``get``, :class:`~deleatur.Hit` objects from ``recall``, a stream of records from
+``list``, a :class:`~deleatur.Decision`, a :class:`~deleatur.Receipt`, a
+:class:`~deleatur.Report`..., read from the JSON the server prints with the same
+types' ``to_json``. So a service can move between an embedded store and a remote one
+by changing how it gets the object. What stays in the store is not sent: a record's
+nonce, an erasure's blind references, and the plan of an erasure that ran (see
+:class:`~deleatur.erasure.engine.ErasureResult`). Refusals raise the library's own
+errors (``NotFoundError``, ``InvalidInputError``, ...) carrying ``status`` and ``code``.
 
     with Client("http://127.0.0.1:8765", api_key=KEY) as memory:
         record = memory.remember("Alice prefers email", subject="Alice Martin")
@@ -16,21 +21,29 @@ from __future__ import annotations
 import builtins
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from .decisions.snapshots import Decision
+from .erasure.engine import DRY_RUN_FIRST, ErasureResult
+from .erasure.requests import ErasureRequest
 from .errors import DeleaturError, InvalidInputError
-from .model import DEFAULT_SPACE, EVERYWHERE, Space, SpaceFilter
+from .log.note import Note, Verifier
+from .log.receipt import Receipt
+from .log.report import Report
+from .model import DEFAULT_SPACE, EVERYWHERE, Hit, Record, Space, SpaceFilter
 from .rights.export import TextSink
+from .rights.restriction import Restriction
 from .servers.errors import remote_error
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_BASIS = "Art. 17"
 
+T = TypeVar("T")
 
 #: Records per page when following the server's list pages.
 _PAGE = 1000
@@ -45,6 +58,7 @@ def _space(space: Space) -> dict[str, str]:
 
 #: An argument holding a lone surrogate (what a bad decode leaves) cannot go into a request.
 _NOT_UTF8 = "an argument is not valid UTF-8 (it holds a lone surrogate)"
+_NOT_JSON = "an argument has no JSON form (a value of another type, NaN or an infinity, a cycle, or nesting too deep)"
 
 
 def _segment(value: str) -> str:
@@ -57,6 +71,22 @@ def _segment(value: str) -> str:
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    """A request body, encoded here rather than by httpx, so an argument the library
+    would refuse as bad input (metadata holding an object, a NaN confidence) is bad
+    input here too, not a TypeError."""
+    try:
+        return json.dumps(dict(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(_NOT_UTF8) from None
+    except (TypeError, ValueError, RecursionError):
+        raise InvalidInputError(_NOT_JSON) from None
+
+
+def _page(data: Any) -> tuple[list[Record], str | None]:
+    return [Record.from_json(r) for r in data["records"]], data["next"]
 
 
 class Client:
@@ -87,16 +117,19 @@ class Client:
 
     def _call(
         self,
+        read: Callable[[Any], T],
         method: str,
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
         body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> Any:
-        payload = None if body is None else dict(body)
+    ) -> T:
+        """One request; ``read`` makes the library's type of the answer's JSON."""
+        content = None if body is None else _encode(body)
+        sent = dict(headers or {}) | ({} if content is None else {"Content-Type": "application/json"})
         try:
-            response = self.http.request(method, path, params=_drop_none(params or {}), json=payload, headers=headers)
+            response = self.http.request(method, path, params=_drop_none(params or {}), content=content, headers=sent)
         except UnicodeEncodeError:
             raise InvalidInputError(_NOT_UTF8) from None
         except httpx.TransportError as exc:
@@ -104,7 +137,13 @@ class Client:
             raise DeleaturError(f"cannot reach the deleatur server at {self.http.base_url}: {exc}") from None
         if response.status_code >= 400:
             raise _error(response)
-        return response.json()
+        try:
+            return read(response.json())
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            # The server's failure, reported as any other: a caller catches DeleaturError.
+            raise DeleaturError(
+                f"the server's answer to {method} {path} is not what this client reads (another deleatur version?)"
+            ) from None
 
     # -- memories ------------------------------------------------------------------
 
@@ -121,7 +160,7 @@ class Client:
         derived_from: Iterable[str] = (),
         expires_at: int | None = None,
         for_legal_claim: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Record:
         body = {
             "text": text,
             "subject": subject,
@@ -134,19 +173,15 @@ class Client:
             "for_legal_claim": for_legal_claim,
             **_space(space),
         }
-        result: dict[str, Any] = self._call("POST", "/v1/memories", body=_drop_none(body))
-        return result
+        return self._call(Record.from_json, "POST", "/v1/memories", body=_drop_none(body))
 
-    def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[dict[str, Any]]:
+    def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Hit]:
         """Hits, best first: records with their ``score``."""
-        hits: builtins.list[dict[str, Any]] = self._call(
-            "GET", "/v1/memories/search", params={"q": query, "limit": limit, **_space(space)}
-        )["hits"]
-        return hits
+        params = {"q": query, "limit": limit, **_space(space)}
+        return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "GET", "/v1/memories/search", params=params)
 
-    def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/memories/{_segment(record_id)}", params=_space(space))
-        return result
+    def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
+        return self._call(Record.from_json, "GET", f"/v1/memories/{_segment(record_id)}", params=_space(space))
 
     def list(
         self,
@@ -156,34 +191,36 @@ class Client:
         key: str | None = None,
         include_history: bool = False,
         limit: int | None = None,
-    ) -> builtins.list[dict[str, Any]]:
-        """Every record (or the first ``limit``), as the library's ``list``: the pages the
-        server hands out are followed to the end, never silently cut."""
+        after: str | None = None,
+    ) -> Iterator[Record]:
+        """Every record (or the first ``limit``), oldest first, streamed as the library's
+        ``list`` streams them: the server's pages are followed to the end, never silently
+        cut. The first page is fetched when the call is made, so a refusal is raised then,
+        as the library raises it; the next ones as the records are read."""
         params: dict[str, Any] = {"subject": subject, "key": key, "history": include_history, **_space(space)}
-        records: builtins.list[dict[str, Any]] = []
-        after = None
-        while limit is None or len(records) < limit:
-            page_size = _PAGE if limit is None else min(_PAGE, limit - len(records))
-            page = self._call("GET", "/v1/memories", params={**params, "limit": page_size, "after": after})
-            records += page["records"]
-            after = page["next"]
-            if after is None:
-                break
-        return records
 
-    def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[dict[str, Any]]:
-        records: builtins.list[dict[str, Any]] = self._call("GET", "/v1/history", params={"key": key, **_space(space)})[
-            "records"
-        ]
-        return records
+        def fetch(cursor: str | None, done: int) -> tuple[builtins.list[Record], str | None]:
+            size = _PAGE if limit is None else min(_PAGE, limit - done)
+            return self._call(_page, "GET", "/v1/memories", params={**params, "limit": size, "after": cursor})
 
-    def forget(
-        self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None
-    ) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(
-            "POST", "/v1/forget", body=_drop_none({"id": record_id, "key": key, **_space(space)})
-        )
-        return result
+        def stream(records: builtins.list[Record], cursor: str | None) -> Iterator[Record]:
+            done = 0
+            while True:
+                yield from records
+                done += len(records)
+                if cursor is None or (limit is not None and done >= limit):
+                    return
+                records, cursor = fetch(cursor, done)
+
+        return stream(*fetch(after, 0))
+
+    def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
+        params = {"key": key, **_space(space)}
+        return self._call(lambda d: [Record.from_json(r) for r in d["records"]], "GET", "/v1/history", params=params)
+
+    def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
+        body = _drop_none({"id": record_id, "key": key, **_space(space)})
+        return self._call(Record.from_json, "POST", "/v1/forget", body=body)
 
     def rectify(
         self,
@@ -195,7 +232,9 @@ class Client:
         space: Space = DEFAULT_SPACE,
         erase_previous: bool = False,
         for_legal_claim: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Record:
+        """The server records the actor as '<actor> (via <the key's principal>)', or as the
+        principal alone without one."""
         body = {
             "key": key,
             "text": text,
@@ -205,12 +244,11 @@ class Client:
             "for_legal_claim": for_legal_claim,
             **_space(space),
         }
-        result: dict[str, Any] = self._call("POST", "/v1/rectify", body=_drop_none(body))
-        return result
+        return self._call(Record.from_json, "POST", "/v1/rectify", body=_drop_none(body))
 
-    def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/memories/{_segment(record_id)}/receipt", params=_space(space))
-        return result
+    def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
+        path = f"/v1/memories/{_segment(record_id)}/receipt"
+        return self._call(Receipt.from_json, "GET", path, params=_space(space))
 
     # -- erasure (Art. 17) --------------------------------------------------------------
 
@@ -220,21 +258,22 @@ class Client:
         *,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
+        requester: str | None = None,
         scope: SpaceFilter = EVERYWHERE,
         dry_run: bool = False,
         allow_ambiguous: bool = False,
         issue_token: bool = False,
         confirmation: str | None = None,
-    ) -> dict[str, Any]:
-        """The 202 body (``request_id``, ``status``, ``counts``...), or with ``dry_run``
-        the plan (and ``token`` with ``issue_token``). Repeating ``request_id`` is safe."""
-        if dry_run:
+    ) -> ErasureResult:
+        """The request the erasure made (its ``plan`` is None: the server does not send
+        back what it erased), or with ``dry_run`` the plan (and ``token`` with
+        ``issue_token``). Repeating ``request_id`` is safe. The server records the
+        requester as '<requester> (via <the key's principal>)', or the principal alone."""
+        if _dry_run(dry_run, issue_token):
             return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
-        params = {"basis": basis, "allow_ambiguous": allow_ambiguous, "confirmation": confirmation, **scope.to_json()}
-        result: dict[str, Any] = self._call(
-            "DELETE", f"/v1/subjects/{_segment(subject)}", params=params, headers=_idempotency(request_id)
-        )
-        return result
+        where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
+        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        return self._erase(f"/v1/subjects/{_segment(subject)}", request_id, {**asked, **where})
 
     def erase_all(
         self,
@@ -242,43 +281,40 @@ class Client:
         user_id: str,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
+        requester: str | None = None,
         agent_id: str | None = None,
         run_id: str | None = None,
         dry_run: bool = False,
         issue_token: bool = False,
         confirmation: str | None = None,
-    ) -> dict[str, Any]:
-        if dry_run:
+    ) -> ErasureResult:
+        if _dry_run(dry_run, issue_token):
             return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
-        params = {"basis": basis, "agent_id": agent_id, "run_id": run_id, "confirmation": confirmation}
-        result: dict[str, Any] = self._call(
-            "DELETE", f"/v1/users/{_segment(user_id)}", params=params, headers=_idempotency(request_id)
-        )
-        return result
+        where = {"agent_id": agent_id, "run_id": run_id}
+        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        return self._erase(f"/v1/users/{_segment(user_id)}", request_id, {**asked, **where})
 
-    def _plan(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/erasure-plans", body=_drop_none(body))
-        return result
+    def _erase(self, path: str, request_id: str | None, params: Mapping[str, Any]) -> ErasureResult:
+        """An erasure that runs: a DELETE whose Idempotency-Key is the request id."""
+        headers = {} if request_id is None else {"Idempotency-Key": request_id}
+        return self._call(ErasureResult.from_json, "DELETE", path, params=params, headers=headers)
 
-    def erasure_request(self, request_id: str) -> dict[str, Any]:
+    def _plan(self, body: Mapping[str, Any]) -> ErasureResult:
+        return self._call(ErasureResult.from_json, "POST", "/v1/erasure-plans", body=_drop_none(body))
+
+    def erasure_request(self, request_id: str) -> ErasureRequest:
         """Status and phases, with timestamps."""
-        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{_segment(request_id)}")
-        return result
+        return self._call(ErasureRequest.from_json, "GET", f"/v1/erasures/{_segment(request_id)}")
 
-    def erasure_requests(self) -> builtins.list[dict[str, Any]]:
-        requests: builtins.list[dict[str, Any]] = self._call("GET", "/v1/erasures")["requests"]
-        return requests
+    def erasure_requests(self) -> builtins.list[ErasureRequest]:
+        return self._call(lambda d: [ErasureRequest.from_json(r) for r in d["requests"]], "GET", "/v1/erasures")
 
     def certificate(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/erasures/{_segment(request_id)}/certificate")
-        return result
+        return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id)}/certificate")
 
-    def verify_certificate(
-        self, certificate: Mapping[str, Any], *, expected_pubkey: str | None = None
-    ) -> dict[str, Any]:
+    def verify_certificate(self, certificate: Mapping[str, Any], *, expected_pubkey: str | None = None) -> Report:
         body = {"certificate": dict(certificate), "expected_pubkey": expected_pubkey}
-        result: dict[str, Any] = self._call("POST", "/v1/certificates/verify", body=_drop_none(body))
-        return result
+        return self._call(Report.from_json, "POST", "/v1/certificates/verify", body=_drop_none(body))
 
     def purge(
         self,
@@ -288,7 +324,7 @@ class Client:
         dry_run: bool = False,
         issue_token: bool = False,
         confirmation: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ErasureResult:
         body = {
             "older_than_days": older_than_days,
             "request_id": request_id,
@@ -296,34 +332,34 @@ class Client:
             "issue_token": issue_token,
             "confirmation": confirmation,
         }
-        result: dict[str, Any] = self._call("POST", "/v1/purge", body=_drop_none(body))
-        return result
+        return self._call(ErasureResult.from_json, "POST", "/v1/purge", body=_drop_none(body))
 
     # -- decisions -------------------------------------------------------------------------
 
     def record_decision(
         self, summary: str, used: Iterable[str], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
-    ) -> dict[str, Any]:
+    ) -> Decision:
         body = {"summary": summary, "used": builtins.list(used), "for_legal_claim": for_legal_claim, **_space(space)}
-        result: dict[str, Any] = self._call("POST", "/v1/decisions", body=body)
-        return result
+        return self._call(Decision.from_json, "POST", "/v1/decisions", body=body)
 
-    def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/decisions/{_segment(decision_id)}", params=_space(space))
-        return result
+    def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
+        """The snapshot the server checked (hash and signature); it is not checked again here."""
+        path = f"/v1/decisions/{_segment(decision_id)}"
+        return self._call(Decision.from_json, "GET", path, params=_space(space))
 
     # -- restriction (Art. 18), export (Art. 15/20) -----------------------------------------
 
-    def restrict(self, subject: str, *, reason: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/restrictions", body={"subject": subject, "reason": reason})
-        return result
+    def restrict(self, subject: str, *, reason: str, actor: str | None = None) -> Restriction:
+        """The server records the actor as ``rectify`` does."""
+        body = _drop_none({"subject": subject, "reason": reason, "actor": actor})
+        return self._call(Restriction.from_json, "POST", "/v1/restrictions", body=body)
 
-    def unrestrict(self, subject: str) -> None:
-        self._call("DELETE", f"/v1/restrictions/{_segment(subject)}")
+    def unrestrict(self, subject: str, *, actor: str | None = None) -> None:
+        path = f"/v1/restrictions/{_segment(subject)}"
+        self._call(lambda _: None, "DELETE", path, params={"actor": actor})
 
-    def restrictions(self) -> builtins.list[dict[str, Any]]:
-        restrictions: builtins.list[dict[str, Any]] = self._call("GET", "/v1/restrictions")["restrictions"]
-        return restrictions
+    def restrictions(self) -> builtins.list[Restriction]:
+        return self._call(lambda d: [Restriction.from_json(r) for r in d["restrictions"]], "GET", "/v1/restrictions")
 
     def export_json(self, out: TextSink, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """Stream the ``deleatur-export/v1`` document into ``out``, never holding it
@@ -351,27 +387,31 @@ class Client:
 
     # -- the log --------------------------------------------------------------------------
 
-    def checkpoint(self, *, size: int | None = None) -> str:
-        """The latest signed checkpoint, or the stored one of ``size``, as note text."""
-        text: str = self._call("GET", "/v1/checkpoint", params={"size": size})["checkpoint"]
-        return text
+    def checkpoint(self, *, size: int | None = None) -> Note:
+        """The latest signed checkpoint, or the stored one of ``size``."""
+        return self._call(lambda d: Note.parse(d["checkpoint"]), "GET", "/v1/checkpoint", params={"size": size})
 
-    def public_key(self) -> dict[str, str]:
-        result: dict[str, str] = self._call("GET", "/v1/public-key")
-        return result
+    def public_key(self) -> Verifier:
+        """The log's current verifier key: as the server says; pin one obtained out of band."""
+        return self._call(lambda d: Verifier.from_vkey(d["vkey"]), "GET", "/v1/public-key")
 
-    def verify_log(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", "/v1/log/verify")
-        return result
+    def verify_log(self) -> Report:
+        return self._call(Report.from_json, "GET", "/v1/log/verify")
 
-    def verify_receipt(self, receipt: Mapping[str, Any], *, key: str | None = None) -> dict[str, Any]:
-        body = {"receipt": dict(receipt), "key": key}
-        result: dict[str, Any] = self._call("POST", "/v1/receipts/verify", body=_drop_none(body))
-        return result
+    def verify_receipt(self, receipt: Receipt | Mapping[str, Any], *, key: str | None = None) -> Report:
+        """A receipt (as ``receipt`` returns it, or its JSON) checked by the server, under
+        ``key`` or, unpinned, the store's own keys."""
+        document = receipt.to_json() if isinstance(receipt, Receipt) else dict(receipt)
+        body = _drop_none({"receipt": document, "key": key})
+        return self._call(Report.from_json, "POST", "/v1/receipts/verify", body=body)
 
 
-def _idempotency(request_id: str | None) -> dict[str, str]:
-    return {} if request_id is None else {"Idempotency-Key": request_id}
+def _dry_run(dry_run: bool, issue_token: bool) -> bool:
+    """Whether an erasure is a dry run. A token asked for outside one is refused, as the
+    library refuses it: the DELETE routes take no such argument, and would erase."""
+    if issue_token and not dry_run:
+        raise InvalidInputError(DRY_RUN_FIRST)
+    return dry_run
 
 
 def _error(response: httpx.Response) -> DeleaturError:

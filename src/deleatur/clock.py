@@ -46,6 +46,13 @@ def isoformat(micros: int) -> str:
     return to_datetime(micros).isoformat().replace("+00:00", "Z")
 
 
+def from_isoformat(text: str) -> int:
+    """An ISO 8601 time (UTC if it names no offset) in microseconds: the inverse of
+    :func:`isoformat`. Raises ``ValueError`` if it is not one."""
+    parsed = datetime.fromisoformat(text)
+    return from_datetime(parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC))
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -59,12 +66,9 @@ def parse_when(value: str, now: int) -> int:
         when = now + int(text[:-1]) * _UNITS[text[-1]] * 1_000_000
     else:
         try:
-            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            when = from_isoformat(text)
         except ValueError:
             raise ValueError(f"{value!r} is neither an ISO 8601 time nor a delay like 30d, 12h, 15m") from None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        when = from_datetime(parsed)
     if not 0 <= when <= LATEST:
         raise ValueError(f"{value!r} is {'before 1970' if when < 0 else 'after the year 9999'}")
     return when

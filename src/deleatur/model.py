@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clock import LATEST, isoformat
+from .clock import LATEST, from_isoformat, isoformat
 from .errors import InvalidInputError
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -267,7 +267,10 @@ class Record:
     created_at: int
     updated_at: int
     expires_at: int | None
-    nonce: bytes
+    #: The salt of the record's commitment in the log. It stays inside the store: the
+    #: JSON form leaves it out, so a record read back from JSON (a remote client's) has
+    #: none (b""), and equality does not look at it.
+    nonce: bytes = field(compare=False)
     reason: str | None = None
     actor: str | None = None
 
@@ -296,6 +299,32 @@ class Record:
             "expires_at": None if self.expires_at is None else isoformat(self.expires_at),
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Record:
+        """The record :meth:`to_json` printed, but for its nonce (see ``nonce``)."""
+        expires_at = data["expires_at"]
+        return cls(
+            id=data["id"],
+            tenant=data["tenant"],
+            space=Space(data["user_id"], data["agent_id"], data["run_id"]),
+            subject=data["subject"],
+            subject_original=data["subject_original"],
+            key=data["key"],
+            text=data["text"],
+            metadata=dict(data["metadata"]),
+            source=data["source"],
+            confidence=data["confidence"],
+            derived_from=tuple(data["derived_from"]),
+            status=Status(data["status"]),
+            supersedes=data["supersedes"],
+            created_at=from_isoformat(data["created_at"]),
+            updated_at=from_isoformat(data["updated_at"]),
+            expires_at=None if expires_at is None else from_isoformat(expires_at),
+            nonce=b"",
+            reason=data["reason"],
+            actor=data["actor"],
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Hit:
@@ -303,6 +332,14 @@ class Hit:
 
     record: Record
     score: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON with its ``score``."""
+        return {**self.record.to_json(), "score": self.score}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Hit:
+        return cls(Record.from_json(data), data["score"])
 
 
 #: The space of a caller that names none: user "default", no agent, no run.

@@ -156,7 +156,7 @@ def recall(
     with open_memory() as memory:
         hits: list[Hit] = memory.recall(query, space=Space(user, agent, run), limit=limit)
     if as_json:
-        emit([{**h.record.to_json(), "score": h.score} for h in hits])
+        emit([h.to_json() for h in hits])
     elif not hits:
         out.print("no matching memories")
     else:

@@ -56,7 +56,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         )
     for space, n in plan.per_space().items():
         out.print(f"  {space}: {n}", markup=False)
-    out.print(f"data keys destroyed: {len(plan.destroy_keys)}", markup=False)
+    out.print(f"data keys destroyed: {plan.keys_destroyed}", markup=False)
     if plan.kept_elsewhere:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
     if plan.outside_lineage:
@@ -67,17 +67,14 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
 
 
 def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int] | None = None) -> None:
+    if as_json:
+        emit({**result.to_json(system_clock()), **(extra or {})})
+        return
     if result.request is None:
         assert result.plan is not None
-        if as_json:
-            emit({"dry_run": True, "plan": result.plan.to_json(), "token": result.token})
-        else:
-            _print_plan(result.plan, result.token)
+        _print_plan(result.plan, result.token)
         return
     request = result.request
-    if as_json:
-        emit({"request": request.to_json(system_clock()), "repeated": result.repeated, **(extra or {})})
-        return
     for name, value in (extra or {}).items():
         out.print(f"{name.replace('_', ' ')}: {value}", markup=False)
     counts = request.counts

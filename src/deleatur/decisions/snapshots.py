@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,11 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         return {"decision": self.body, "sha256": self.hash, "signed_by": self.signed_by, "signature": "verified"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Decision:
+        """The snapshot a server checked and sent (``to_json``); it is not checked again here."""
+        return cls(dict(data["decision"]), data["sha256"], data["signed_by"])
 
 
 def _summary_key_ref(memory: Memory) -> bytes:

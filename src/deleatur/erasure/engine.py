@@ -15,8 +15,9 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..access.principals import Role
 from ..decisions.snapshots import redact as redact_decisions
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ..memory import Memory
 
 TOKEN_LIFETIME_US = 15 * 60 * 1_000_000
+#: Asked for a token, the caller means to look first: never erase instead.
+DRY_RUN_FIRST = "a confirmation token comes from a dry run: add dry_run"
 
 
 class AmbiguousSubjectError(InvalidInputError):
@@ -51,9 +54,26 @@ class _Repeated(Exception):
 @dataclass(frozen=True, slots=True)
 class ErasureResult:
     request: ErasureRequest | None  # None for a dry run
-    plan: ErasurePlan | None  # None when an earlier result is returned for a repeated id
+    #: None when an earlier result is returned for a repeated id, and in a result read
+    #: back from JSON (a remote client's): the JSON of an erasure that ran holds only its
+    #: request, for the plan names what was erased (its subjects' spellings).
+    plan: ErasurePlan | None
     token: str | None = None
     repeated: bool = False
+
+    def to_json(self, now: int) -> dict[str, Any]:
+        """A dry run's plan and token, or the request an erasure made (or repeated): what
+        every shell prints. ``now`` decides whether the request's deadline was met."""
+        if self.request is None:
+            assert self.plan is not None
+            return {"dry_run": True, "plan": self.plan.to_json(), "token": self.token}
+        return {"request": self.request.to_json(now), "repeated": self.repeated}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ErasureResult:
+        if data.get("dry_run"):
+            return cls(None, ErasurePlan.from_json(data["plan"]), data["token"])
+        return cls(ErasureRequest.from_json(data["request"]), None, repeated=data["repeated"])
 
 
 def _token_hash(token: str) -> bytes:
@@ -139,8 +159,7 @@ def erase(
         raise InvalidInputError("an account erasure needs a user id", request_id=request_id)
 
     if issue_token and not dry_run:
-        # Asked for a token, the caller means to look first: never erase instead.
-        raise InvalidInputError("a confirmation token comes from a dry run: add dry_run", request_id=request_id)
+        raise InvalidInputError(DRY_RUN_FIRST, request_id=request_id)
     if dry_run:
         plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None

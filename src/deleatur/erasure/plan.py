@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..model import SpaceFilter, Status
@@ -32,17 +33,25 @@ class PlannedRecord:
 
 @dataclass(frozen=True, slots=True)
 class ErasurePlan:
+    """What an erasure would remove. ``destroy_keys`` (blind subject references) and
+    ``digest`` are the store's own: the JSON form leaves them out, so a plan read back
+    from JSON (a remote client's) has none, and equality does not look at them;
+    ``keys_destroyed`` counts the keys either way."""
+
     subject: str | None  # canonical subject; None for an account erasure
     scope: SpaceFilter
     direct: tuple[PlannedRecord, ...]
     lineage: tuple[PlannedRecord, ...]
     other_subjects: tuple[str, ...]
     spellings: tuple[str, ...]
-    destroy_keys: tuple[bytes, ...]  # subject refs whose every record is erased
+    keys_destroyed: int
     subjects: int  # distinct subjects among the erased records
     kept_elsewhere: int  # the subject's records outside the scope (its key is kept)
     outside_lineage: int  # derived records outside the scope, not erased
-    digest: bytes
+    #: The subject references whose every record is erased.
+    destroy_keys: tuple[bytes, ...] = field(default=(), compare=False)
+    #: What a confirmation token confirms.
+    digest: bytes = field(default=b"", compare=False)
 
     @property
     def ambiguous(self) -> bool:
@@ -75,6 +84,7 @@ class ErasurePlan:
             ]
 
         return {
+            "subject": self.subject,
             "scope": self.scope.to_json(),
             "total": self.total,
             "direct": rows(self.direct),
@@ -83,11 +93,35 @@ class ErasurePlan:
             "spellings": list(self.spellings),
             "ambiguous": self.ambiguous,
             "per_space": self.per_space(),
-            "keys_destroyed": len(self.destroy_keys),
+            "keys_destroyed": self.keys_destroyed,
+            "subjects": self.subjects,
             "kept_in_other_spaces": self.kept_elsewhere,
             "derived_outside_scope": self.outside_lineage,
             "note": RESIDUE_HINT,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ErasurePlan:
+        """The plan :meth:`to_json` printed, without the store's own references."""
+
+        def rows(items: list[dict[str, Any]], via: str) -> tuple[PlannedRecord, ...]:
+            return tuple(
+                PlannedRecord(r["id"], r["user_id"], r["agent_id"], r["run_id"], Status(r["status"]), via, r["subject"])
+                for r in items
+            )
+
+        return cls(
+            subject=data["subject"],
+            scope=SpaceFilter(**data["scope"]),
+            direct=rows(data["direct"], "direct"),
+            lineage=rows(data["lineage"], "lineage"),
+            other_subjects=tuple(data["other_subjects"]),
+            spellings=tuple(data["spellings"]),
+            keys_destroyed=data["keys_destroyed"],
+            subjects=data["subjects"],
+            kept_elsewhere=data["kept_in_other_spaces"],
+            outside_lineage=data["derived_outside_scope"],
+        )
 
 
 def _closure(memory: Memory, seeds: list[StoredRow], scope: SpaceFilter) -> tuple[list[StoredRow], int]:
@@ -153,6 +187,7 @@ def build_plan(
         lineage=lineage,
         other_subjects=tuple(others),
         spellings=spellings,
+        keys_destroyed=len(destroy),
         destroy_keys=destroy,
         subjects=len(erased_by_ref),
         kept_elsewhere=kept,

@@ -6,11 +6,12 @@ import calendar
 import enum
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeGuard
 
-from ..clock import from_datetime, isoformat, to_datetime
+from ..clock import from_datetime, from_isoformat, isoformat, to_datetime
 from ..errors import InvalidInputError
 from ..model import SpaceFilter
 
@@ -53,11 +54,17 @@ def one_month_after(micros: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ErasureRequest:
+    """An erasure request. ``subject_ref``, ``pending_keys`` and ``fingerprint`` are the
+    store's own: the reference and the fingerprint are keyed by the index key, which no
+    erasure destroys, so outside the store they would link requests about one subject
+    that its pseudonym keeps apart. The JSON form leaves them out, so a request read
+    back from JSON (a remote client's) has none, and equality does not look at them."""
+
     id: str
     tenant: str
     kind: RequestKind
     subject_pseudonym: str | None
-    subject_ref: bytes | None
+    subject_ref: bytes | None = field(compare=False)
     scope: SpaceFilter
     basis: str
     requester: str
@@ -69,13 +76,13 @@ class ErasureRequest:
     record_ids: tuple[str, ...] = ()
     tombstones: tuple[int, ...] = ()
     #: Ids of the data keys committed for destruction and not yet destroyed.
-    pending_keys: tuple[bytes, ...] = ()
+    pending_keys: tuple[bytes, ...] = field(default=(), compare=False)
     #: A keyed digest of what was asked (kind, subject, scope): a reused request id
     #: must ask for the same erasure.
-    fingerprint: bytes = b""
+    fingerprint: bytes = field(default=b"", compare=False)
     #: The users the erasure reached, as opaque tokens (see ``Memory._user_token``);
-    #: None for the whole tenant.
-    users: tuple[str, ...] | None = None
+    #: None for the whole tenant. Internal, like the fingerprint: not in the JSON.
+    users: tuple[str, ...] | None = field(default=None, compare=False)
 
     @property
     def deadline(self) -> int:
@@ -152,6 +159,7 @@ class ErasureRequest:
         """The request as `deleatur requests` shows it: no subject name, only its pseudonym."""
         return {
             "id": self.id,
+            "tenant": self.tenant,
             "kind": self.kind.value,
             "subject": self.subject_pseudonym,
             "scope": self.scope.to_json(),
@@ -164,6 +172,29 @@ class ErasureRequest:
             "status": self.status.value,
             "error": self.error,
             "counts": self.counts,
+            "record_ids": list(self.record_ids),
             "tombstones": list(self.tombstones),
             "phases": self.phases(),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ErasureRequest:
+        """The request :meth:`to_json` printed, without the store's own references."""
+        completed_at = data["completed_at"]
+        return cls(
+            id=data["id"],
+            tenant=data["tenant"],
+            kind=RequestKind(data["kind"]),
+            subject_pseudonym=data["subject"],
+            subject_ref=None,
+            scope=SpaceFilter(**data["scope"]),
+            basis=data["basis"],
+            requester=data["requester"],
+            received_at=from_isoformat(data["received_at"]),
+            completed_at=None if completed_at is None else from_isoformat(completed_at),
+            status=RequestStatus(data["status"]),
+            error=data["error"],
+            counts=dict(data["counts"]),
+            record_ids=tuple(data["record_ids"]),
+            tombstones=tuple(data["tombstones"]),
+        )

@@ -150,6 +150,17 @@ class PublicKey:
             raise NoteError("verifier key's key ID does not match its name and key")
         return verifier
 
+    def __eq__(self, other: object) -> bool:
+        # The same key, however it was obtained: a store's own, or one read from a vkey.
+        return isinstance(other, PublicKey) and (other.sig_type, other.name, other.public_key) == (
+            self.sig_type,
+            self.name,
+            self.public_key,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.sig_type, self.name, self.public_key))
+
     def matches(self, signature: Signature) -> bool:
         return signature.name == self.name and signature.key_id == self.key_id
 

@@ -3,7 +3,9 @@ its client workflow steps, then notes on what was *not* pinned, then a verdict."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +54,9 @@ class Report:
             ],
             "notes": self.notes,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        """The report :meth:`to_json` printed (its verdict follows from the checks)."""
+        checks = [Check(c["number"], c["name"], c["passed"], c["detail"]) for c in data["checks"]]
+        return cls(data["subject"], checks, list(data["notes"]))

@@ -10,12 +10,13 @@ encrypted under that key, so erasing the subject erases the reason too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidTag
 
-from ..clock import isoformat
+from ..clock import from_isoformat, isoformat
 from ..crypto.keystore import _frame
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
@@ -40,6 +41,10 @@ class Restriction:
 
     def to_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "reason": self.reason, "actor": self.actor, "since": isoformat(self.since)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Restriction:
+        return cls(data["subject"], data["reason"], data["actor"], from_isoformat(data["since"]))
 
 
 def _aad(memory: Memory, subject_ref: bytes) -> bytes:

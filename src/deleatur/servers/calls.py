@@ -34,6 +34,14 @@ def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | N
     return verify_certificate(certificate, expected_key=key)
 
 
+def on_behalf(memory: Memory, named: str | None) -> str:
+    """Who a call is recorded as made by (an actor, a requester): the principal of the
+    caller's key, as '<named> (via <principal>)' when the caller names whom it acts
+    for. The principal is always there: a request cannot pass for another's."""
+    caller = memory.principal.name
+    return caller if named is None else f"{named} (via {caller})"
+
+
 def new_request_id(given: str | None, prefix: str) -> str:
     """The caller's request id, else a random one. Never derived from the subject: a
     request id outlives the erasure, and a hash of a name is the name to anyone who

@@ -31,7 +31,7 @@ from ..errors import AuthenticationError, DeleaturError
 from ..memory import Memory
 from ..model import Space, SpaceFilter
 from .auth import CHALLENGE, as_caller
-from .calls import check_certificate, check_receipt, new_request_id, public_key
+from .calls import check_certificate, check_receipt, new_request_id, on_behalf, public_key
 from .errors import ErrorInfo, ServerBusyError, error_info
 from .pool import HandlePool
 
@@ -57,6 +57,10 @@ Idempotency = Annotated[
     ),
 ]
 Confirm = Annotated[str | None, Query(description="The token a dry run issued (agents must present one).")]
+Requester = Annotated[
+    str | None,
+    Query(description="On whose behalf the caller erases; recorded as '<requester> (via <caller>)'."),
+]
 Basis = Annotated[str, Query(description="Legal basis of the erasure.")]
 
 
@@ -139,6 +143,9 @@ class DecisionBody(SpaceBody):
 class RestrictBody(_Body):
     subject: str
     reason: str
+    actor: str | None = Field(
+        default=None, description="On whose behalf the caller restricts; recorded as '<actor> (via <caller>)'."
+    )
 
 
 class VerifyReceiptBody(_Body):
@@ -206,7 +213,8 @@ def _error(info: ErrorInfo) -> JSONResponse:
 
 
 def _erasure_accepted(result: ErasureResult) -> JSONResponse:
-    """202 with where to follow the request; a repeated request id answers the same."""
+    """202 with where to follow the request; a repeated request id answers the same.
+    ``request`` is the whole request; the members beside it came first, and stay."""
     request = result.request
     assert request is not None
     status_url = f"/v1/erasures/{request.id}"
@@ -215,17 +223,12 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
         "status": request.status.value,
         "requested_at": isoformat(request.received_at),
         "completed_at": None if request.completed_at is None else isoformat(request.completed_at),
-        "repeated": result.repeated,
         "counts": request.counts,
         "status_url": status_url,
         "certificate_url": f"/v1/erasures/{request.id}/certificate" if request.counts.get("records") else None,
+        **result.to_json(system_clock()),
     }
     return JSONResponse(body, status_code=202, headers={"Location": status_url})
-
-
-def _plan(result: ErasureResult) -> dict[str, Any]:
-    assert result.plan is not None
-    return {"dry_run": True, "plan": result.plan.to_json(), "token": result.token}
 
 
 _EXPORT_CHUNK = 64 * 1024
@@ -435,7 +438,7 @@ def create_app(
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
         hits = await serve(lambda m: m.recall(q, space=Space(user_id, agent_id, run_id), limit=limit))
-        return {"hits": [{**h.record.to_json(), "score": h.score} for h in hits]}
+        return {"hits": [h.to_json() for h in hits]}
 
     @app.get("/v1/memories/{record_id}", tags=["memories"])
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
@@ -484,8 +487,7 @@ def create_app(
                 body.key,
                 body.text,
                 reason=body.reason,
-                # The authenticated caller is always named: a body cannot impersonate another.
-                actor=m.principal.name if body.actor is None else f"{body.actor} (via {m.principal.name})",
+                actor=on_behalf(m, body.actor),
                 space=body.space(),
                 erase_previous=body.erase_previous,
                 for_legal_claim=body.for_legal_claim,
@@ -511,6 +513,7 @@ def create_app(
         run_id: Annotated[str | None, Query(description="Only this run's spaces.")] = None,
         allow_ambiguous: bool = False,
         confirmation: Confirm = None,
+        requester: Requester = None,
     ) -> JSONResponse:
         """Art. 17: erase every record of a subject (all spaces unless narrowed), with
         signed tombstones, and destroy its key. Answers 202 with the request to follow."""
@@ -519,7 +522,7 @@ def create_app(
                 subject,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester=m.principal.name,
+                requester=on_behalf(m, requester),
                 scope=SpaceFilter(user_id, agent_id, run_id),
                 allow_ambiguous=allow_ambiguous,
                 confirmation=confirmation,
@@ -535,6 +538,7 @@ def create_app(
         agent_id: Annotated[str | None, Query(description="Only this agent's space.")] = None,
         run_id: Annotated[str | None, Query(description="Only this run's space.")] = None,
         confirmation: Confirm = None,
+        requester: Requester = None,
     ) -> JSONResponse:
         """Account deletion: every space of one user (or one, with agent/run), no other user's."""
         result = await serve(
@@ -544,7 +548,7 @@ def create_app(
                 run_id=run_id,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester=m.principal.name,
+                requester=on_behalf(m, requester),
                 confirmation=confirmation,
             )
         )
@@ -579,7 +583,7 @@ def create_app(
                     issue_token=body.issue_token,
                 )
             )
-        return _plan(result)
+        return result.to_json(system_clock())
 
     @app.get("/v1/erasures", tags=["erasure"])
     async def erasures() -> dict[str, Any]:
@@ -616,7 +620,7 @@ def create_app(
                 confirmation=body.confirmation,
             )
         )
-        return JSONResponse(_plan(result)) if result.request is None else _erasure_accepted(result)
+        return JSONResponse(result.to_json(system_clock())) if result.request is None else _erasure_accepted(result)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -641,15 +645,22 @@ def create_app(
     @app.post("/v1/restrictions", status_code=201, tags=["rights"])
     async def restrict(body: RestrictBody) -> dict[str, Any]:
         """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
-        return await serve(lambda m: m.restrict(body.subject, reason=body.reason, actor=m.principal.name).to_json())
+        return await serve(
+            lambda m: m.restrict(body.subject, reason=body.reason, actor=on_behalf(m, body.actor)).to_json()
+        )
 
     @app.get("/v1/restrictions", tags=["rights"])
     async def restrictions() -> dict[str, Any]:
         return {"restrictions": [r.to_json() for r in await serve(lambda m: m.restrictions())]}
 
     @app.delete("/v1/restrictions/{subject:path}", tags=["rights"])
-    async def unrestrict(subject: str) -> dict[str, Any]:
-        await serve(lambda m: m.unrestrict(subject, actor=m.principal.name))
+    async def unrestrict(
+        subject: str,
+        actor: Annotated[
+            str | None, Query(description="On whose behalf the caller lifts it; recorded as '<actor> (via <caller>)'.")
+        ] = None,
+    ) -> dict[str, Any]:
+        await serve(lambda m: m.unrestrict(subject, actor=on_behalf(m, actor)))
         return {"unrestricted": True}
 
     @app.get("/v1/export", tags=["rights"], response_class=StreamingResponse)

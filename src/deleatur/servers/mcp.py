@@ -72,7 +72,7 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
             text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
         if result.token:
             text += f"\n  confirmation token (single use, 15 min): {result.token}"
-        return _ok(text, {"dry_run": True, "plan": plan.to_json(), "token": result.token})
+        return _ok(text, result.to_json(system_clock()))
     request = result.request
     records = request.counts.get("records", 0)
     again = "Already done: " if result.repeated else ""
@@ -91,7 +91,7 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
             f" {request.status.value} — get its signed certificate with erasure_certificate('{request.id}')"
             " and check it with verify_certificate (or offline with the key from export_public_key)."
         )
-    return _ok(text, {"request": request.to_json(system_clock()), "repeated": result.repeated})
+    return _ok(text, result.to_json(system_clock()))
 
 
 class _Server(MCPServer[Any]):
@@ -192,7 +192,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         def run(memory: Memory) -> CallToolResult:
             hits = memory.recall(query, space=Space(user_id, agent_id, run_id), limit=limit)
             text = "\n".join(f"{_line(h.record)} ({h.score:.2f})" for h in hits) or "No matching memories."
-            return _ok(text, {"count": len(hits), "hits": [{**h.record.to_json(), "score": h.score} for h in hits]})
+            return _ok(text, {"count": len(hits), "hits": [h.to_json() for h in hits]})
 
         return call(ctx, run)
 
@@ -396,8 +396,8 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 return _erasure(result, "the retention policy")
             records = result.request.counts.get("records", 0)
             age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
-            data = {"request": result.request.to_json(system_clock())}
-            return _ok(f"Purged {records} record(s){age} [request {result.request.id}].", data)
+            text = f"Purged {records} record(s){age} [request {result.request.id}]."
+            return _ok(text, result.to_json(system_clock()))
 
         return call(ctx, run)
 

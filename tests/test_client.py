@@ -1,0 +1,350 @@
+"""deleatur.client against the library: for each call they share, the client (through
+uvicorn on loopback) returns what ``Memory`` returns over the same store, of the same
+type, and refuses with the same error class."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deleatur import (
+    AccessDeniedError,
+    Checkpoint,
+    DeleaturError,
+    Hit,
+    Memory,
+    Record,
+    Role,
+    Space,
+    SpaceFilter,
+    Status,
+    verify_receipt,
+)
+from deleatur.client import Client
+from deleatur.clock import LATEST
+from deleatur.erasure.engine import ErasureResult
+from deleatur.erasure.verify import verify_certificate
+from deleatur.servers.http import create_app
+
+from .serving import api_key, new_store, serving
+
+
+@dataclass
+class Pair:
+    """One principal, remote and embedded: a client of the server, and a library
+    handle on the server's store acting for the same key."""
+
+    remote: Client
+    local: Memory
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Role, Pair]]:
+    opener = new_store(tmp_path_factory.mktemp("client") / "mem.db")
+    keys = {role: api_key(opener, role) for role in (Role.ADMIN, Role.VIEWER)}
+    with serving(create_app(opener)) as url, opener() as memory:
+        made = {
+            role: Pair(Client(url, api_key=key), memory.as_principal(memory.authenticate(key)))
+            for role, key in keys.items()
+        }
+        try:
+            yield made
+        finally:
+            for pair in made.values():
+                pair.remote.close()
+
+
+@pytest.fixture
+def admin(pairs: dict[Role, Pair]) -> Pair:
+    return pairs[Role.ADMIN]
+
+
+def same(remote: object, local: object) -> None:
+    """Equal, and of the same type (element by element for a list)."""
+    assert type(remote) is type(local)
+    if isinstance(remote, list) and isinstance(local, list):
+        assert [type(item) for item in remote] == [type(item) for item in local]
+    assert remote == local
+
+
+def test_records_are_the_librarys(admin: Pair) -> None:
+    client, memory = admin.remote, admin.local
+    space = Space("records", agent_id="support", run_id="r1")
+    first = client.remember(
+        "Ann's phone is +100",
+        subject="  Ann   LEE ",
+        key="Ann::Phone",
+        space=space,
+        metadata={"crm": {"id": 7, "tags": ["vip", None]}, "score": 0.1},
+        source="crm",
+        confidence=0.75,
+        expires_at=4_000_000_000_000_001,
+    )
+    same(first, memory.get(first.id, space=space))
+    derived = client.remember("Ann's team is blue", subject="Team", derived_from=[first.id], space=space)
+    same(derived, memory.get(derived.id, space=space))
+    same(client.get(first.id, space=space), memory.get(first.id, space=space))
+    fixed = client.rectify("ann::phone", "Ann's phone is +101", reason="typo", actor="dpo", space=space)
+    same(fixed, memory.get(fixed.id, space=space))
+    same(client.history("ann::phone", space=space), memory.history("ann::phone", space=space))
+    retired = client.forget(record_id=derived.id, space=space)
+    same(retired, memory.get(derived.id, space=space))
+    same(client.recall("phone team", space=space), memory.recall("phone team", space=space))
+    for arguments in (
+        {},
+        {"include_history": True},
+        {"subject": "ann lee", "include_history": True},
+        {"key": "ANN::phone"},
+        {"limit": 1, "include_history": True},
+        {"after": first.id, "include_history": True},
+    ):
+        remote, local = client.list(space=space, **arguments), memory.list(space=space, **arguments)
+        assert isinstance(remote, Iterator) and isinstance(local, Iterator), arguments
+        same(list(remote), list(local))
+
+
+def test_the_log_is_the_librarys(admin: Pair) -> None:
+    client, memory = admin.remote, admin.local
+    record = client.remember("receipt me", subject="Receipts", space=Space("log"))
+    remote, local = client.receipt(record.id, space=Space("log")), memory.receipt(record.id, space=Space("log"))
+    assert type(remote) is type(local)
+    # Every call is audited, so the log has grown between the two: the same entry, at
+    # the same index, proven under a later checkpoint.
+    assert (remote.record_id, remote.entry, remote.proof.index) == (local.record_id, local.entry, local.proof.index)
+    key = client.public_key()
+    same(key, memory.public_key())
+    checked = client.verify_receipt(remote, key=key.vkey)
+    same(checked, verify_receipt(remote, [key], pinned=True))
+    assert checked.ok
+    same(client.checkpoint(), memory.checkpoint())
+    size = Checkpoint.parse(memory.checkpoint().text).size
+    same(client.checkpoint(size=size), memory.checkpoint(size=size))
+    memory.checkpoint()  # both handles' entries covered, so both verify the same log
+    remote_report, local_report = client.verify_log(), memory.verify_log()
+    same(remote_report, local_report)
+    assert remote_report.ok
+
+
+def test_erasures_are_the_librarys(admin: Pair) -> None:
+    client, memory = admin.remote, admin.local
+    doomed = client.remember("Bo's address", subject="Bo Ek", space=Space("erasing"))
+    client.remember("Bo, derived", subject="Team B", derived_from=[doomed.id], space=Space("erasing", agent_id="x"))
+    client.remember("Bo elsewhere", subject="bo  ek", space=Space("kept"))
+
+    remote_plan = client.erase("bo ek", scope=SpaceFilter("erasing"), dry_run=True, issue_token=True)
+    local_plan = memory.erase(
+        "bo ek",
+        request_id="plan",
+        basis="b",
+        requester="r",
+        scope=SpaceFilter("erasing"),
+        dry_run=True,
+        issue_token=True,
+    )
+    assert type(remote_plan) is type(local_plan) and remote_plan.plan is not None
+    same(remote_plan.plan, local_plan.plan)
+    # Team B's key goes with its one record; Bo Ek's stays, for its record in "kept".
+    assert (remote_plan.plan.keys_destroyed, remote_plan.plan.subjects) == (1, 2)
+    assert remote_plan.request is None and isinstance(remote_plan.token, str)
+    account_plan = client.erase_all(user_id="erasing", dry_run=True)
+    same(account_plan, memory.erase_all(user_id="erasing", request_id="p", basis="b", requester="r", dry_run=True))
+
+    # The library's call as written: the server records who asked through which key.
+    done = client.erase(
+        "Bo Ek", request_id="PAR-1", basis="Art. 17(1)(a)", requester="dpo", scope=SpaceFilter("erasing")
+    )
+    assert isinstance(done, ErasureResult) and not done.repeated
+    assert done.plan is None  # the server does not send back what it erased
+    same(done.request, memory.erasure_request("PAR-1"))
+    assert done.request is not None and done.request.requester == "dpo (via test admin)"
+    repeat = memory.erase(
+        "Bo Ek", request_id="PAR-1", basis="Art. 17(1)(a)", requester="r", scope=SpaceFilter("erasing")
+    )
+    same(client.erase("Bo Ek", request_id="PAR-1", basis="Art. 17(1)(a)", scope=SpaceFilter("erasing")), repeat)
+
+    client.remember("an account", subject="Cy", space=Space("account", agent_id="a"))
+    gone = client.erase_all(user_id="account", request_id="PAR-2")
+    same(gone.request, memory.erasure_request("PAR-2"))
+    same(
+        client.erase_all(user_id="account", request_id="PAR-2"),
+        memory.erase_all(user_id="account", request_id="PAR-2", basis="Art. 17", requester="r"),
+    )
+
+    client.remember("long expired", subject="Old", space=Space("retention"), expires_at=1)
+    same(client.purge(dry_run=True), memory.purge(dry_run=True))
+    purged = client.purge(request_id="PAR-3")
+    same(purged.request, memory.erasure_request("PAR-3"))
+    same(client.purge(request_id="PAR-3"), memory.purge(request_id="PAR-3"))
+
+    same(client.erasure_request("PAR-1"), memory.erasure_request("PAR-1"))
+    same(client.erasure_requests(), memory.erasure_requests())
+    certificate = client.certificate("PAR-1")
+    assert type(certificate) is dict and certificate["certificate"]["request"]["id"] == "PAR-1"
+    same(
+        client.verify_certificate(certificate, expected_pubkey=client.public_key().vkey),
+        verify_certificate(certificate, expected_key=memory.public_key()),
+    )
+
+
+def test_decisions_restrictions_and_exports_are_the_librarys(admin: Pair) -> None:
+    client, memory = admin.remote, admin.local
+    space = Space("deciding")
+    used = client.remember("Refunds within 30 days", subject="refund_window", space=space, confidence=0.9)
+    decision = client.record_decision("Refund order #91", [used.id], space=space)
+    same(decision, memory.explain_decision(decision.id, space=space))
+    same(client.explain_decision(decision.id, space=space), memory.explain_decision(decision.id, space=space))
+
+    restriction = client.restrict("Dee Fox", reason="accuracy contested", actor="dpo")
+    assert restriction.actor == "dpo (via test admin)"
+    [own] = [r for r in memory.restrictions() if r.subject == restriction.subject]
+    same(restriction, own)
+    same(client.restrictions(), memory.restrictions())
+    client.unrestrict("Dee Fox", actor="dpo")
+    same(client.restrictions(), memory.restrictions())
+
+    remote_out, local_out = io.StringIO(), io.StringIO()
+    remote_counts = client.export_json(remote_out, subject="refund_window")
+    local_counts = memory.export_json(local_out, subject="refund_window")
+    assert type(remote_counts) is type(local_counts)
+    # The audit trail grows with each export (the first is in the second's): the rest is the same.
+    assert {**remote_counts, "audit_entries": 0} == {**local_counts, "audit_entries": 0}
+    assert json.loads(remote_out.getvalue())["records"] == json.loads(local_out.getvalue())["records"]
+
+
+Call = Callable[[Any], object]
+#: A record id no record has: UUIDv7, in the year 2000.
+UNKNOWN = "00dc6acf-ac00-7000-8000-000000000000"
+
+#: Calls the library refuses, each made through both as written (see ``refusal_setup``).
+REFUSALS: dict[str, Call] = {
+    "unknown record": lambda m: m.get(UNKNOWN),
+    "malformed record id": lambda m: m.get("nope"),
+    "record in another space": lambda m: m.get(next(m.list(space=Space("refusals"))).id),
+    "query without words": lambda m: m.recall(" ! "),
+    "recall limit": lambda m: m.recall("x", limit=0),
+    "list limit": lambda m: m.list(limit=0),
+    "list cursor": lambda m: m.list(after="nope"),
+    "unknown key": lambda m: m.history("no::such"),
+    "forget without a target": lambda m: m.forget(),
+    "rectify an unknown key": lambda m: m.rectify("no::such", "t", reason="r", actor="a"),
+    "blank text": lambda m: m.remember(" ", subject="s"),
+    "metadata with no JSON form": lambda m: m.remember("t", subject="s", metadata={"a": object()}),
+    "NaN confidence": lambda m: m.remember("t", subject="s", confidence=math.nan),
+    "restricted subject": lambda m: m.remember("more", subject="Restricted Rae", space=Space("refusals")),
+    "unknown decision": lambda m: m.explain_decision(UNKNOWN),
+    "unknown request": lambda m: m.erasure_request("NOPE-1"),
+    "malformed request id": lambda m: m.erasure_request("bad id!"),
+    "certificate of no request": lambda m: m.certificate("NOPE-1"),
+    "checkpoint of no size": lambda m: m.checkpoint(size=10**12),
+    "token outside a dry run": lambda m: m.erase("Amb", request_id="TOK-1", basis="b", requester="r", issue_token=True),
+    "ambiguous subject": lambda m: m.erase("Amb", request_id="AMB-1", basis="b", requester="r"),
+    "request id reused": lambda m: m.erase("someone else", request_id="REUSED-1", basis="b", requester="r"),
+}
+
+
+@pytest.fixture(scope="module")
+def refusal_setup(pairs: dict[Role, Pair]) -> None:
+    memory = pairs[Role.ADMIN].local
+    memory.remember("held back", subject="Restricted Rae", space=Space("refusals"))
+    memory.restrict("Restricted Rae", reason="contested", actor="dpo")
+    memory.remember("one", subject="Amb", space=Space("refusals"))
+    memory.remember("two", subject="AMB", space=Space("refusals"))
+    memory.remember("reused", subject="Reused", space=Space("reused"))
+    memory.erase("Reused", request_id="REUSED-1", basis="b", requester="r")
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_refusals_are_the_librarys_errors(admin: Pair, refusal_setup: None, name: str) -> None:
+    with pytest.raises(DeleaturError) as local:
+        REFUSALS[name](admin.local)
+    with pytest.raises(DeleaturError) as remote:
+        REFUSALS[name](admin.remote)
+    assert type(remote.value) is type(local.value), (remote.value, local.value)
+
+
+def test_a_viewers_refusals_are_the_librarys(pairs: dict[Role, Pair]) -> None:
+    viewer = pairs[Role.VIEWER]
+    with pytest.raises(AccessDeniedError) as local:
+        viewer.local.remember("x", subject="y")
+    with pytest.raises(AccessDeniedError) as remote:
+        viewer.remote.remember("x", subject="y")
+    assert type(remote.value) is type(local.value)
+    assert remote.value.missing == local.value.missing == "write"
+
+
+def test_an_answer_the_client_cannot_read_is_a_deleatur_error() -> None:
+    def wrong(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"id": "x"})
+
+    with (
+        Client("http://deleatur.test", transport=httpx.MockTransport(wrong)) as odd,
+        pytest.raises(DeleaturError, match="not what this client reads"),
+    ):
+        odd.get(UNKNOWN)
+
+
+# -- the JSON form, both ways -------------------------------------------------------------
+
+_names = st.text(st.characters(exclude_categories=["Cc", "Cs"]), max_size=20)
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _names,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_names, inner, max_size=3),
+    max_leaves=10,
+)
+_times = st.integers(0, LATEST)
+_records = st.builds(
+    Record,
+    id=_names,
+    tenant=_names,
+    space=st.builds(Space, _names.filter(bool), _names, _names),
+    subject=_names,
+    subject_original=_names,
+    key=st.none() | _names,
+    text=st.text(max_size=50),
+    metadata=st.dictionaries(_names, _json, max_size=4),
+    source=st.none() | _names,
+    confidence=st.none() | st.floats(0, 1),
+    derived_from=st.lists(_names, max_size=3).map(tuple),
+    status=st.sampled_from(Status),
+    supersedes=st.none() | _names,
+    created_at=_times,
+    updated_at=_times,
+    expires_at=st.none() | _times,
+    nonce=st.binary(min_size=16, max_size=16),
+    reason=st.none() | _names,
+    actor=st.none() | _names,
+)
+
+
+def _wire(value: dict[str, Any]) -> dict[str, Any]:
+    """What a server sends and a client reads: JSON text in between."""
+    decoded: dict[str, Any] = json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+    return decoded
+
+
+@given(_records)
+def test_a_record_survives_its_json(record: Record) -> None:
+    sent = record.to_json()
+    assert "nonce" not in sent  # the salt of the log's commitment stays in the store
+    back = Record.from_json(_wire(sent))
+    assert back == record
+    assert back.to_json() == sent
+
+
+@given(_records, st.floats(allow_nan=False, allow_infinity=False))
+def test_a_hit_survives_its_json(record: Record, score: float) -> None:
+    hit = Hit(record, score)
+    assert Hit.from_json(_wire(hit.to_json())) == hit
