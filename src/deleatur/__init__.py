@@ -7,6 +7,9 @@ from .access.audit import AuditEntry
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .decisions.snapshots import Decision
+from .erasure.engine import ErasureResult
+from .erasure.plan import ErasurePlan
+from .erasure.requests import ErasureRequest, RequestKind, RequestStatus
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -33,6 +36,7 @@ from .log.tlogproof import TlogProof
 from .log.witness import Witness, WitnessError
 from .memory import Memory, StoreInfo
 from .model import Hit, NewMemory, Record, Space, SpaceFilter, Status, canonical_subject
+from .rights.restriction import Restriction
 
 __version__ = "0.1.0"
 
@@ -49,6 +53,9 @@ __all__ = [
     "Decision",
     "DeleaturError",
     "Entry",
+    "ErasurePlan",
+    "ErasureRequest",
+    "ErasureResult",
     "EventType",
     "Hit",
     "IntegrityError",
@@ -68,6 +75,9 @@ __all__ = [
     "Receipt",
     "Record",
     "Report",
+    "RequestKind",
+    "RequestStatus",
+    "Restriction",
     "Role",
     "SchemaVersionError",
     "Signer",
