@@ -1,4 +1,4 @@
-"""Recall's cost in CPU instructions at 10k and 100k records (issue 2's "logarithmic"
+"""Recall's cost in CPU instructions at 10k and 100k records, or other sizes (issue 2's "logarithmic"
 criterion), counted by valgrind's callgrind instead of timed.
 
 Timings on this project's shared VMs drift by more than the criterion's margin
@@ -16,12 +16,15 @@ repository root (apt-get install valgrind)::
 
     .venv/bin/python bench/bench_recall_instructions.py             # ~5 minutes on 2 CPUs
     .venv/bin/python bench/bench_recall_instructions.py --json
+    .venv/bin/python bench/bench_recall_instructions.py --sizes 10000,100000,1000000   # ~30 minutes
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -41,9 +44,9 @@ MIXES = ("zipf", "uniform")
 CALLS = {"recall": public, "ranking": ranking}
 
 
-def build(directory: Path, seed: int) -> None:
+def build(directory: Path, seed: int, sizes: tuple[int, ...]) -> None:
     args = parse_args([])
-    for size in SIZES:
+    for size in sizes:
         mem = open_store(directory / f"{size}.db")
         write_batches(mem, Corpus(seed, args.vocab, args.subjects, args.keyed), 0, size)
         mem.close()
@@ -88,7 +91,13 @@ def instructions(stores: Path, work: Path, run_of: tuple[int, str, str, int]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=200, help="queries measured per run (default 200)")
-    parser.add_argument("--stores", type=Path, help="reuse (or build into) this directory's 10k and 100k stores")
+    parser.add_argument("--stores", type=Path, help="reuse (or build into) this directory's stores, one per size")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=SIZES,
+        help="store sizes, comma-separated (default 10000,100000); each is compared with the one before",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs=4, metavar=("STORE", "MIX", "CALL", "QUERIES"), help=argparse.SUPPRESS)
     ours = parser.parse_args()
@@ -102,35 +111,47 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stores = ours.stores or Path(tmp) / "stores"
         stores.mkdir(parents=True, exist_ok=True)
-        if not all((stores / f"{size}.db").exists() for size in SIZES):
-            build(stores, seed)
-        runs = [(size, mix, call, n) for size in SIZES for mix in MIXES for call in CALLS for n in (0, ours.queries)]
+        missing = tuple(size for size in ours.sizes if not (stores / f"{size}.db").exists())
+        build(stores, seed, missing)
+        sizes = ours.sizes
+        runs = [(size, mix, call, n) for size in sizes for mix in MIXES for call in CALLS for n in (0, ours.queries)]
         with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
             counts = dict(zip(runs, pool.map(lambda r: instructions(stores, Path(tmp), r), runs), strict=True))
     result: dict[str, Any] = {}
     for mix in MIXES:
         for call in CALLS:
-            per_query = [
-                (counts[(size, mix, call, ours.queries)] - counts[(size, mix, call, 0)]) / ours.queries
-                for size in SIZES
-            ]
-            result[f"{call}_{mix}"] = {
-                "10k_instructions": round(per_query[0]),
-                "100k_instructions": round(per_query[1]),
-                "ratio": per_query[1] / per_query[0],
+            per_query = {
+                size: (counts[(size, mix, call, ours.queries)] - counts[(size, mix, call, 0)]) / ours.queries
+                for size in sizes
             }
+            row: dict[str, Any] = {f"{_name(size)}_instructions": round(n) for size, n in per_query.items()}
+            for small, large in itertools.pairwise(sizes):
+                row[f"ratio_{_name(large)}_{_name(small)}"] = per_query[large] / per_query[small]
+            result[f"{call}_{mix}"] = row
     result |= {"queries": ours.queries, "warm_up": WARM, "limit": LIMIT, "machine": machine()}
     if ours.json:
         json.dump(result, sys.stdout, indent=2)
         print()
         return
-    print(f"{'per query':<20}{'10k':>14}{'100k':>14}{'100k/10k':>10}")
+    steps = list(itertools.pairwise(sizes))
+    header = "".join(f"{_name(size):>14}" for size in sizes) + "".join(f"{_ratio(lo, hi):>12}" for lo, hi in steps)
+    print(f"{'per query':<20}{header}")
     for mix in MIXES:
         for call in CALLS:
             row = result[f"{call}_{mix}"]
-            small, large = row["10k_instructions"], row["100k_instructions"]
-            print(f"{call + ', ' + mix:<20}{small:>14,}{large:>14,}{row['ratio']:>10.2f}")
-    print(f"(logarithmic growth would be 1.25; revision {result['machine']['revision']})")
+            figures = "".join(f"{row[f'{_name(size)}_instructions']:>14,}" for size in sizes)
+            ratios = "".join(f"{row[f'ratio_{_name(hi)}_{_name(lo)}']:>12.2f}" for lo, hi in steps)
+            print(f"{call + ', ' + mix:<20}{figures}{ratios}")
+    logarithmic = ", ".join(f"{_ratio(lo, hi)} {math.log(hi) / math.log(lo):.2f}" for lo, hi in steps)
+    print(f"(logarithmic growth would be {logarithmic}; revision {result['machine']['revision']})")
+
+
+def _name(size: int) -> str:
+    return f"{size // 1_000_000}M" if size % 1_000_000 == 0 else f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def _ratio(small: int, large: int) -> str:
+    return f"{_name(large)}/{_name(small)}"
 
 
 if __name__ == "__main__":
