@@ -227,6 +227,18 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
 
 
+def test_bodies_refuse_unknown_fields(base_url: str, admin: dict[str, str]) -> None:
+    """Every JSON body names the field it does not take: ignored, a misspelt user_id
+    would write into the default space."""
+    spec = httpx.get(f"{base_url}/openapi.json").json()
+    posted = [path for path, ops in spec["paths"].items() if "requestBody" in ops.get("post", {})]
+    assert "/v1/memories" in posted
+    for path in posted:
+        reply = httpx.post(f"{base_url}{path}", json={"user_Id": "alice"}, headers=admin)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), path
+        assert "body.user_Id: Extra inputs are not permitted" in reply.json()["error"]["message"], path
+
+
 def test_client_errors_are_deleatur_errors(client: Client) -> None:
     """Callers catch DeleaturError from the library: the client raises nothing else."""
     with pytest.raises(InvalidInputError, match="not valid UTF-8"):
