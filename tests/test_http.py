@@ -239,6 +239,27 @@ def test_bodies_refuse_unknown_fields(base_url: str, admin: dict[str, str]) -> N
         assert "body.user_Id: Extra inputs are not permitted" in reply.json()["error"]["message"], path
 
 
+def test_bodies_refuse_repeated_keys(base_url: str, admin: dict[str, str]) -> None:
+    """A key twice in one JSON object, at any depth, is refused: json.loads kept the last
+    value silently, and the writer meant one of them."""
+    json_body = {**admin, "Content-Type": "application/json"}
+    space = {"user_id": "repeated-keys"}
+    repeats = {
+        b'{"text": "Dana lives in Oslo", "subject": "Dana", "subject": "Erin", "user_id": "repeated-keys"}': "subject",
+        b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1, "b": 2}}}': "b",
+        b'{"certificate": {"x": [{"sig": 1, "sig": 2}]}}': "sig",
+    }
+    for body, key in repeats.items():
+        path = "/v1/certificates/verify" if b"certificate" in body else "/v1/memories"
+        reply = httpx.post(f"{base_url}{path}", content=body, headers=json_body)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), body
+        said = f'the request body repeats a key in one object: "{key}"'
+        assert reply.json()["error"]["message"] == said
+    assert httpx.get(f"{base_url}/v1/memories", params=space, headers=admin).json()["records"] == []
+    fine = b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1}, "b": 2}}'
+    assert httpx.post(f"{base_url}/v1/memories", content=fine, headers=json_body).status_code == 201
+
+
 def test_client_errors_are_deleatur_errors(client: Client) -> None:
     """Callers catch DeleaturError from the library: the client raises nothing else."""
     with pytest.raises(InvalidInputError, match="not valid UTF-8"):

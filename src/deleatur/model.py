@@ -175,17 +175,25 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        # json.loads would keep the last value silently: the writer meant one of them.
-        raise InvalidInputError("metadata repeats a key in one object")
-    return out
+def loads_unique(raw: str | bytes, what: str) -> Any:
+    """JSON text parsed like ``json.loads``, but an object anywhere in it that repeats a
+    key is refused, naming the key: json.loads keeps the last value silently, and the
+    writer meant one of them. Malformed JSON raises what json.loads raises."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise InvalidInputError(f"{what} repeats a key in one object: {json.dumps(key)}")
+            out[key] = value
+        return out
+
+    return json.loads(raw, object_pairs_hook=unique)
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw, object_pairs_hook=_unique_keys)
+        value = loads_unique(raw, "metadata")
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
