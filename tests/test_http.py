@@ -161,6 +161,26 @@ def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[st
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
+def test_dry_runs_take_no_callers_request_id(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The dry-run route named each of its calls 'plan' in the audit trail, so a caller's
+    own erasure 'plan' shared its request id with every dry run."""
+    opener = new_store(tmp_path_factory.mktemp("plan") / "mem.db")
+    admin = api_key(opener, Role.ADMIN)
+    with serving(create_app(opener)) as url, Client(url, api_key=admin) as client:
+        client.remember("Hugo's address", subject="Hugo")
+        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 1
+        assert client.erase("Hugo", request_id="plan")["counts"]["records"] == 1
+        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 0
+        assert client.erasure_request("plan")["counts"]["records"] == 1
+        entries = httpx.get(
+            f"{url}/v1/audit", params={"calls_only": True}, headers={"Authorization": f"Bearer {admin}"}
+        ).json()["entries"]
+    erasing = [e["request"] for e in entries if e["action"] == "erase"]
+    assert len(erasing) == 3
+    assert erasing.count("plan") == 1
+    assert len(set(erasing)) == 3
+
+
 def test_names_with_url_characters(client: Client) -> None:
     odd = "Zoë / O'Brien? #2 %41"
     client.remember("odd name", subject=odd, space=Space("odd/user?#"))

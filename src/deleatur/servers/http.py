@@ -581,13 +581,16 @@ def create_app(
     @app.post("/v1/erasure-plans", tags=["erasure"])
     async def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
         """A dry run: what an erasure would remove (and, with ``issue_token``, its token)."""
+        # A fresh id, as for an erasure without Idempotency-Key: a fixed one would name every
+        # dry run's audit entry after the caller's own erasure of that id.
+        request_id = new_request_id(None, "HTTP")
         if body.subject is None:
             result = await serve(
                 lambda m: m.erase_all(
                     user_id=body.user_id or "",
                     agent_id=body.agent_id,
                     run_id=body.run_id,
-                    request_id="plan",
+                    request_id=request_id,
                     basis=DEFAULT_BASIS,
                     requester=m.principal.name,
                     dry_run=True,
@@ -599,7 +602,7 @@ def create_app(
             result = await serve(
                 lambda m: m.erase(
                     subject,
-                    request_id="plan",
+                    request_id=request_id,
                     basis=DEFAULT_BASIS,
                     requester=m.principal.name,
                     scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),
