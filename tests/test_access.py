@@ -449,8 +449,9 @@ def test_a_scoped_key_cannot_derive_from_records_outside_its_scopes(memory: Memo
     assert view.remember("derived", subject="Alice", space=U1, derived_from=[mine.id]).derived_from == (mine.id,)
 
 
-def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock: object) -> None:
-    memory.remember("old", subject="a", expires_at=1)
+def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock: FakeClock) -> None:
+    memory.remember("old", subject="a", expires_at=clock.now + 1)
+    clock.advance(1)
     agent, _ = memory.create_principal("bot", Role.AGENT)
     view = memory.as_principal(agent)
     with pytest.raises(ConfirmationRequiredError):

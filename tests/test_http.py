@@ -229,6 +229,9 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
         # A value of the wrong JSON type is refused, not coerced: "yes" is no legal claim.
         reply = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", **loose}, headers=admin)
         assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), loose
+    past = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": 1}, headers=admin)
+    said = "expires_at 1970-01-01T00:00:00.000001Z is in the past"
+    assert (past.status_code, past.json()["error"]) == (422, {"code": "invalid_input", "message": said})
     json_body = {**admin, "Content-Type": "application/json"}
     for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
         reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)
