@@ -35,7 +35,7 @@ from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
 
-from .conftest import FakeClock, store_files
+from .conftest import Cli, FakeClock, store_files
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
 U1, U2 = Space("u1"), Space("u2")
@@ -340,6 +340,33 @@ def test_bad_principal_input_is_refused_and_writes_nothing(memory: Memory) -> No
     assert memory.principals() == before
 
 
+def test_principal_names_are_one_line_of_text(memory: Memory) -> None:
+    """A name with a control character was accepted, and then every call that records
+    the principal as actor or requester (a restriction; an erasure over a server) was
+    refused, since notes refuse control characters."""
+    before = memory.principals()
+    for name in ("bell\x07bot", "tab\tbot", "two\nlines", "nul\x00", "del\x7f", "esc\x1b[31m", "bad \udcff"):
+        with pytest.raises(
+            InvalidInputError, match=r"^a principal's name (contains control characters|is not valid UTF-8)$"
+        ):
+            memory.create_principal(name, Role.MEMBER)
+    with pytest.raises(InvalidInputError, match="1 to 200 characters"):
+        memory.create_principal("x" * 201, Role.MEMBER)
+    assert memory.principals() == before
+    named, _ = memory.create_principal("  Support bot (EU)\n", Role.MEMBER)
+    assert named.name == "Support bot (EU)"
+    view = memory.as_principal(named)
+    assert view.restrict("Alice", reason="contested", actor=view.principal.name).actor == "Support bot (EU)"
+
+
+def test_principal_names_are_checked_by_the_cli(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    code, _, err = cli("principals", "create", "bell\x07bot", "--role", "agent")
+    assert code == 2
+    assert "a principal's name contains control characters" in err
+    assert "bell" not in err
+
+
 def test_agents_erase_with_the_token_of_their_dry_run(memory: Memory) -> None:
     memory.remember("Alice likes tea", subject="Alice")
     agent, _ = memory.create_principal("bot", Role.AGENT)
@@ -428,8 +455,9 @@ def test_a_scoped_key_cannot_derive_from_records_outside_its_scopes(memory: Memo
     assert view.remember("derived", subject="Alice", space=U1, derived_from=[mine.id]).derived_from == (mine.id,)
 
 
-def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock: object) -> None:
-    memory.remember("old", subject="a", expires_at=1)
+def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock: FakeClock) -> None:
+    memory.remember("old", subject="a", expires_at=clock.now + 1)
+    clock.advance(1)
     agent, _ = memory.create_principal("bot", Role.AGENT)
     view = memory.as_principal(agent)
     with pytest.raises(ConfirmationRequiredError):

@@ -135,7 +135,11 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("remember", "bad \udcff", "-s", "a"), None, "not valid UTF-8"),
         (("remember", "t", "-s", " "), None, "subject must not be empty"),
         (("remember", "t", "-s", "a", "--metadata", "{nope"), None, "metadata is not valid JSON"),
-        (("remember", "t", "-s", "a", "--metadata", '{"a": {"b": 1, "b": 2}}'), None, "metadata repeats a key"),
+        (
+            ("remember", "t", "-s", "a", "--metadata", '{"a": {"b": 1, "b": 2}}'),
+            None,
+            'metadata repeats a key in one object: "b"',
+        ),
         (("remember", "t", "-s", "a", "--expires-at", "soon"), None, "--expires-at"),
         (("remember", "t", "-s", "a", "--expires-at", "99999999d"), None, "'99999999d' is after the year 9999"),
         (("remember", "t", "-s", "a", "--expires-at", "0001-01-01"), None, "'0001-01-01' is before 1970"),

@@ -170,6 +170,26 @@ def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[st
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
+def test_dry_runs_take_no_callers_request_id(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The dry-run route named each of its calls 'plan' in the audit trail, so a caller's
+    own erasure 'plan' shared its request id with every dry run."""
+    opener = new_store(tmp_path_factory.mktemp("plan") / "mem.db")
+    admin = api_key(opener, Role.ADMIN)
+    with serving(create_app(opener)) as url, Client(url, api_key=admin) as client:
+        client.remember("Hugo's address", subject="Hugo")
+        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 1
+        assert client.erase("Hugo", request_id="plan")["counts"]["records"] == 1
+        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 0
+        assert client.erasure_request("plan")["counts"]["records"] == 1
+        entries = httpx.get(
+            f"{url}/v1/audit", params={"calls_only": True}, headers={"Authorization": f"Bearer {admin}"}
+        ).json()["entries"]
+    erasing = [e["request"] for e in entries if e["action"] == "erase"]
+    assert len(erasing) == 3
+    assert erasing.count("plan") == 1
+    assert len(set(erasing)) == 3
+
+
 def test_names_with_url_characters(client: Client) -> None:
     odd = "Zoë / O'Brien? #2 %41"
     client.remember("odd name", subject=odd, space=Space("odd/user?#"))
@@ -229,6 +249,9 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
         # A value of the wrong JSON type is refused, not coerced: "yes" is no legal claim.
         reply = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", **loose}, headers=admin)
         assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), loose
+    past = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": 1}, headers=admin)
+    said = "expires_at 1970-01-01T00:00:00.000001Z is in the past"
+    assert (past.status_code, past.json()["error"]) == (422, {"code": "invalid_input", "message": said})
     json_body = {**admin, "Content-Type": "application/json"}
     for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
         reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)
@@ -245,6 +268,39 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert (route.status_code, route.json()["error"]["code"]) == (404, "no_such_route")
     spec = httpx.get(f"{base_url}/openapi.json").json()
     assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
+
+
+def test_bodies_refuse_unknown_fields(base_url: str, admin: dict[str, str]) -> None:
+    """Every JSON body names the field it does not take: ignored, a misspelt user_id
+    would write into the default space."""
+    spec = httpx.get(f"{base_url}/openapi.json").json()
+    posted = [path for path, ops in spec["paths"].items() if "requestBody" in ops.get("post", {})]
+    assert "/v1/memories" in posted
+    for path in posted:
+        reply = httpx.post(f"{base_url}{path}", json={"user_Id": "alice"}, headers=admin)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), path
+        assert "body.user_Id: Extra inputs are not permitted" in reply.json()["error"]["message"], path
+
+
+def test_bodies_refuse_repeated_keys(base_url: str, admin: dict[str, str]) -> None:
+    """A key twice in one JSON object, at any depth, is refused: json.loads kept the last
+    value silently, and the writer meant one of them."""
+    json_body = {**admin, "Content-Type": "application/json"}
+    space = {"user_id": "repeated-keys"}
+    repeats = {
+        b'{"text": "Dana lives in Oslo", "subject": "Dana", "subject": "Erin", "user_id": "repeated-keys"}': "subject",
+        b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1, "b": 2}}}': "b",
+        b'{"certificate": {"x": [{"sig": 1, "sig": 2}]}}': "sig",
+    }
+    for body, key in repeats.items():
+        path = "/v1/certificates/verify" if b"certificate" in body else "/v1/memories"
+        reply = httpx.post(f"{base_url}{path}", content=body, headers=json_body)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), body
+        said = f'the request body repeats a key in one object: "{key}"'
+        assert reply.json()["error"]["message"] == said
+    assert httpx.get(f"{base_url}/v1/memories", params=space, headers=admin).json()["records"] == []
+    fine = b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1}, "b": 2}}'
+    assert httpx.post(f"{base_url}/v1/memories", content=fine, headers=json_body).status_code == 201
 
 
 def test_client_errors_are_deleatur_errors(client: Client) -> None:

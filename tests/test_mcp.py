@@ -202,6 +202,8 @@ async def _agent(session: ClientSession) -> None:
     assert kept["expires_at"] == "9999-12-31T23:59:59.999999Z"
     late = await session.call_tool("remember", {"text": "x", "subject": "Iris", "expires_at": 2**63})
     assert late.is_error and "from 1970 to the year 9999" in _text(late)
+    past = await session.call_tool("remember", {"text": "x", "subject": "Iris", "expires_at": 1})
+    assert _text(past) == "Error (invalid_input): expires_at 1970-01-01T00:00:00.000001Z is in the past"
     assert bad.structured_content is not None and "Quartz" not in str(bad.structured_content)
     denied = await session.call_tool("verify_audit", {})
     assert denied.is_error  # verification is the auditors'
@@ -258,3 +260,32 @@ def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> Non
         headers = {**accept, "Authorization": f"Bearer {key}", "mcp-session-id": session}
         ended = httpx2.delete(f"{url}/mcp", headers={**headers, "mcp-protocol-version": "2025-06-18"})
         assert ended.status_code == status, (key == owner, ended.text)
+
+
+async def _misspelt(session: ClientSession) -> None:
+    """Every tool refuses an argument it does not take, and says which: ignored, a
+    misspelt user_id wrote into the default space."""
+    await session.initialize()
+    tools = (await session.list_tools()).tools
+    for tool in tools:
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+        refused = await session.call_tool(tool.name, {"user_Id": "alice"})
+        assert refused.is_error, tool.name
+        assert "unknown argument(s): user_Id" in _text(refused), (tool.name, _text(refused))
+    typo = await session.call_tool("remember", {"text": "Alice's phone is +100", "subject": "Alice", "user_Id": "a"})
+    said = "remember: unknown argument(s): user_Id"
+    assert _text(typo) == f"Error (invalid_request): {said}"
+    assert typo.structured_content == {"error": {"code": "invalid_request", "message": said}}
+    both = await session.call_tool("recall", {"query": "phone", "limit": "many", "agent": "x"})
+    assert _text(both) == "Error (invalid_request): recall: unknown argument(s): agent; invalid argument(s): limit"
+    for user in ("default", "a", "alice"):
+        assert (await _data(session, "list_memories", user_id=user))["count"] == 0
+
+
+def test_unknown_arguments_are_refused(tmp_path: Path) -> None:
+    opener = new_store(tmp_path / "mem.db")
+    admin = api_key(opener, Role.ADMIN)
+    pool = HandlePool(opener)
+    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+        _over_http(url, admin, _misspelt)
+    pool.close()

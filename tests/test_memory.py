@@ -171,6 +171,19 @@ def test_expiry_must_have_a_calendar_date(memory: Memory) -> None:
     assert [r.id for r in memory.list()] == [kept.id]
 
 
+def test_expiry_must_be_in_the_future(memory: Memory, clock: FakeClock) -> None:
+    """A record already expired was written, never recalled, and erased by the next purge."""
+    for past in (1, clock.now - 1, clock.now):
+        with pytest.raises(InvalidInputError, match=r"^expires_at .* is in the past$"):
+            memory.remember("never stored", subject="a", expires_at=past)
+    with pytest.raises(InvalidInputError, match=r"^expires_at 1970-01-01T00:00:00\.000001Z is in the past$"):
+        memory.remember_many(
+            [NewMemory("fine", subject="a"), NewMemory("late", subject="b", expires_at=1), NewMemory("ok", subject="c")]
+        )
+    assert list(memory.list(include_history=True)) == []
+    assert memory.remember("just in time", subject="a", expires_at=clock.now + 1).expires_at == clock.now + 1
+
+
 def test_lineage_must_name_existing_records(memory: Memory) -> None:
     with pytest.raises(NotFoundError, match="unknown record id"):
         memory.remember("x", subject="a", derived_from=["01a22a03-19d9-75ea-b6f8-0a895b612b14"])

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NotFoundError, Space
+from deleatur import InvalidInputError, Memory, NotFoundError, Space, from_file
+from deleatur.clock import system_clock
+from deleatur.crypto.master import default_key_file
 from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestKind
 from deleatur.log.entries import Entry
@@ -93,7 +95,13 @@ def test_retention_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli("retention", "set", "run", "30")[0] == 0
     code, out, _ = cli("retention", "show", "--json")
     assert json.loads(out)["run"] == 30
-    cli("remember", "old", "-s", "a", "--expires-at", "2000-01-01T00:00:00Z")
+    code, _, err = cli("remember", "old", "-s", "a", "--expires-at", "2000-01-01T00:00:00Z")
+    assert (code, err.strip()) == (2, "error: expires_at 2000-01-01T00:00:00Z is in the past")
+    # A record that expires a microsecond after it is written has expired by the purge.
+    store = tmp_path / "cli.db"
+    now = system_clock()
+    with Memory.open(store, from_file(default_key_file(store)), clock=lambda: now) as memory:
+        memory.remember("old", subject="a", expires_at=now + 1)
     code, out, _ = cli("purge", "--dry-run", "--json")
     assert json.loads(out)["plan"]["total"] == 1
     code, out, _ = cli("purge", "--dry-run")

@@ -33,7 +33,7 @@ from .access.principals import (
     Principal,
     Role,
 )
-from .clock import Clock, Random, system_clock, system_random
+from .clock import Clock, Random, isoformat, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
@@ -728,7 +728,8 @@ class Memory:
         expires_at: int | None = None,
         for_legal_claim: bool = False,
     ) -> Record:
-        """Write one memory; a new value for an existing key supersedes the old one."""
+        """Write one memory; a new value for an existing key supersedes the old one.
+        ``expires_at``, if given, must be later than now."""
         item = NewMemory(
             text=text,
             subject=subject,
@@ -751,8 +752,12 @@ class Memory:
 
     def _remember_many(self, items: Iterable[NewMemory], space: Space, for_legal_claim: bool) -> list[Record]:
         batch = list(items)
+        now = self._clock()
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
+            if item.expires_at is not None and item.expires_at <= now:
+                # Such a record would never be recalled, and the next purge would erase it.
+                raise InvalidInputError(f"expires_at {isoformat(item.expires_at)} is in the past")
         if not batch:
             return []
         # Refuse bad lineage before any data key is made, so a refused write leaves no

@@ -63,10 +63,12 @@ def check_query(query: object) -> str:
 
 def check_tenant(value: str) -> str:
     """A tenant name: the rules of a user id, under its own name in errors."""
-    return _check_name(value, "tenant", allow_empty=False)
+    return check_name(value, "tenant", allow_empty=False)
 
 
-def _check_name(value: str, what: str, *, allow_empty: bool) -> str:
+def check_name(value: str, what: str, *, allow_empty: bool) -> str:
+    """A name (a subject, a key, an id): valid UTF-8, at most 256 characters, and no
+    control characters at all, unlike a note: a name is one line."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string")
     _check_utf8(value, what)
@@ -98,7 +100,7 @@ def forget_cached_subjects() -> None:
 
 @functools.lru_cache(maxsize=8192)  # every write canonicalizes its subject, mostly a known one
 def _canonical(original: str) -> str:
-    _check_name(original, "subject", allow_empty=True)
+    check_name(original, "subject", allow_empty=True)
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", original).casefold())
     canonical = _WS.sub(" ", folded).strip()
     if not canonical:
@@ -108,7 +110,7 @@ def _canonical(original: str) -> str:
 
 def canonical_key(original: str) -> str:
     """Fact-slot keys get the same folding as subjects: `Alice::Phone` is `alice::phone`."""
-    _check_name(original, "key", allow_empty=True)
+    check_name(original, "key", allow_empty=True)
     canonical = canonical_subject(original) if original.strip() else ""
     if not canonical:
         raise InvalidInputError("key must not be empty")
@@ -124,9 +126,9 @@ class Space:
     run_id: str = ""
 
     def __post_init__(self) -> None:
-        _check_name(self.user_id, "user_id", allow_empty=False)
-        _check_name(self.agent_id, "agent_id", allow_empty=True)
-        _check_name(self.run_id, "run_id", allow_empty=True)
+        check_name(self.user_id, "user_id", allow_empty=False)
+        check_name(self.agent_id, "agent_id", allow_empty=True)
+        check_name(self.run_id, "run_id", allow_empty=True)
 
 
 def validate_text(text: str, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
@@ -175,17 +177,25 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        # json.loads would keep the last value silently: the writer meant one of them.
-        raise InvalidInputError("metadata repeats a key in one object")
-    return out
+def loads_unique(raw: str | bytes, what: str) -> Any:
+    """JSON text parsed like ``json.loads``, but an object anywhere in it that repeats a
+    key is refused, naming the key: json.loads keeps the last value silently, and the
+    writer meant one of them. Malformed JSON raises what json.loads raises."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise InvalidInputError(f"{what} repeats a key in one object: {json.dumps(key)}")
+            out[key] = value
+        return out
+
+    return json.loads(raw, object_pairs_hook=unique)
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw, object_pairs_hook=_unique_keys)
+        value = loads_unique(raw, "metadata")
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
@@ -235,7 +245,7 @@ class NewMemory:
         if self.key is not None:
             canonical_key(self.key)
         if self.source is not None:
-            _check_name(self.source, "source", allow_empty=False)
+            check_name(self.source, "source", allow_empty=False)
         object.__setattr__(self, "metadata", validate_metadata(self.metadata))
         object.__setattr__(self, "confidence", validate_confidence(self.confidence))
         object.__setattr__(self, "derived_from", tuple(self.derived_from))
@@ -356,11 +366,11 @@ class SpaceFilter:
 
     def __post_init__(self) -> None:
         if self.user_id is not None:
-            _check_name(self.user_id, "user_id", allow_empty=False)
+            check_name(self.user_id, "user_id", allow_empty=False)
         for name in ("agent_id", "run_id"):
             value = getattr(self, name)
             if value is not None:
-                _check_name(value, name, allow_empty=True)
+                check_name(value, name, allow_empty=True)
 
     def matches(self, space: Space) -> bool:
         return (

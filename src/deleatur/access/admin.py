@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
 from ..model import Space
 from .calls import deny, refused_key
-from .principals import Principal, Role, digest_matches, new_api_key, parse_role, split_api_key
+from .principals import (
+    Principal,
+    Role,
+    check_principal_name,
+    digest_matches,
+    new_api_key,
+    parse_role,
+    split_api_key,
+)
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -60,7 +68,9 @@ def create(
     principal = Principal(
         principal_id,
         target,
-        name.strip() if isinstance(name, str) else name,
+        # Checked as it comes in, not by Principal: a name stored before the rule must
+        # still load, so that its principal can be listed and revoked.
+        check_principal_name(name),
         parse_role(role) if isinstance(role, str) else role,
         scopes=wanted,
         created_at=memory._clock(),

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import Space
+from ..model import Space, check_name
 
 KEY_PREFIX = "dlt_"
 SECRET_BYTES = 32
@@ -70,8 +70,6 @@ class Principal:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tenant", Space(user_id=self.tenant).user_id)
-        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 200:
-            raise InvalidInputError("a principal's name must be 1 to 200 characters")
         object.__setattr__(self, "role", Role(self.role))
         if self.scopes is not None:
             object.__setattr__(self, "scopes", frozenset(Space(user_id=u).user_id for u in self.scopes))
@@ -100,6 +98,15 @@ class Principal:
             "created_at": self.created_at,
             "revoked_at": self.revoked_at,
         }
+
+
+def check_principal_name(name: object) -> str:
+    """A new principal's name, trimmed: 1 to 200 characters and no control characters at
+    all. The servers record it as the actor or requester of the principal's calls, where a
+    control character would have every such call refused."""
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > 200:
+        raise InvalidInputError("a principal's name must be 1 to 200 characters")
+    return check_name(name.strip(), "a principal's name", allow_empty=False)
 
 
 def parse_role(value: str) -> Role:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Annotated, Any, TypeVar
@@ -19,6 +19,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -27,9 +28,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
-from ..errors import AuthenticationError, DeleaturError
+from ..errors import AuthenticationError, DeleaturError, InvalidInputError
 from ..memory import Memory
-from ..model import Space, SpaceFilter
+from ..model import Space, SpaceFilter, loads_unique
 from .auth import CHALLENGE, as_caller
 from .calls import check_certificate, check_receipt, new_request_id, on_behalf, public_key
 from .errors import ErrorInfo, ServerBusyError, error_info
@@ -156,6 +157,30 @@ class VerifyReceiptBody(_Body):
 class VerifyCertificateBody(_Body):
     certificate: dict[str, Any]
     expected_pubkey: str | None = None
+
+
+class _Request(Request):
+    """A request whose JSON body may not repeat a key in any object: parsed by the
+    library's rule, since Starlette's json.loads keeps the last value silently."""
+
+    async def json(self) -> Any:
+        try:
+            return loads_unique(await self.body(), "the request body")
+        except InvalidInputError as exc:
+            # FastAPI reads the body inside a handler that lets only HTTPException through.
+            raise StarletteHTTPException(422, exc.message) from None
+
+
+class _Route(APIRoute):
+    """Every route reads its body as a :class:`_Request`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handle(_Request(request.scope, request.receive))
+
+        return strict
 
 
 class BodyLimit:
@@ -366,6 +391,7 @@ def create_app(
         lifespan=lifespan,
         dependencies=[Depends(_authenticated)],
     )
+    app.router.route_class = _Route
     app.state.pool = pool
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
@@ -386,7 +412,9 @@ def create_app(
             # a malformed request like any other.
             why = "the body could not be parsed as JSON: it is not UTF-8, or nested too deeply"
             return _error(ErrorInfo(422, "invalid_request", why))
-        code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "no_such_route", 405: "method_not_allowed", 422: "invalid_request"}.get(
+            exc.status_code, "http_error"
+        )
         return _error(ErrorInfo(exc.status_code, code, str(exc.detail)))
 
     @app.exception_handler(Exception)
@@ -557,13 +585,16 @@ def create_app(
     @app.post("/v1/erasure-plans", tags=["erasure"])
     async def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
         """A dry run: what an erasure would remove (and, with ``issue_token``, its token)."""
+        # A fresh id, as for an erasure without Idempotency-Key: a fixed one would name every
+        # dry run's audit entry after the caller's own erasure of that id.
+        request_id = new_request_id(None, "HTTP")
         if body.subject is None:
             result = await serve(
                 lambda m: m.erase_all(
                     user_id=body.user_id or "",
                     agent_id=body.agent_id,
                     run_id=body.run_id,
-                    request_id="plan",
+                    request_id=request_id,
                     basis=DEFAULT_BASIS,
                     requester=m.principal.name,
                     dry_run=True,
@@ -575,7 +606,7 @@ def create_app(
             result = await serve(
                 lambda m: m.erase(
                     subject,
-                    request_id="plan",
+                    request_id=request_id,
                     basis=DEFAULT_BASIS,
                     requester=m.principal.name,
                     scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),

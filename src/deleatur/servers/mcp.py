@@ -12,12 +12,13 @@ arguments ``user_id="default"``, ``agent_id=""``, ``run_id=""`` where they apply
 import io
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from .. import __version__
 from ..clock import system_clock
@@ -31,6 +32,7 @@ from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 Ctx = Context[Any, Any]
+F = TypeVar("F", bound=Callable[..., CallToolResult])
 DEFAULT_BASIS = "Art. 17"
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -94,6 +96,24 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     return _ok(text, result.to_json(system_clock()))
 
 
+class _NoUnknownArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _strict(tool: Tool) -> Tool:
+    """``tool`` refusing arguments it does not take. The SDK's argument models ignore
+    them, so a misspelt ``user_Id`` would leave ``user_id`` at its default and write into
+    another user's space; refused, the schema also says so (additionalProperties false)."""
+    loose = tool.fn_metadata.arg_model
+    strict = create_model(loose.__name__, __base__=(loose, _NoUnknownArguments))
+    return tool.model_copy(
+        update={
+            "fn_metadata": tool.fn_metadata.model_copy(update={"arg_model": strict}),
+            "parameters": strict.model_json_schema(by_alias=True),
+        }
+    )
+
+
 class _Server(MCPServer[Any]):
     """The SDK's server, but arguments that fail validation are reported by field name
     with a stable code: the SDK's message quotes the rejected values, which are the
@@ -107,8 +127,14 @@ class _Server(MCPServer[Any]):
         except ToolError as exc:
             if not isinstance(exc.__cause__, ValidationError):
                 raise
-            fields = sorted({".".join(str(part) for part in e["loc"]) for e in exc.__cause__.errors()})
-            info = ErrorInfo(422, "invalid_request", f"{name}: invalid argument(s): {', '.join(fields)}")
+            problems: dict[str, set[str]] = {"unknown": set(), "invalid": set()}
+            for error in exc.__cause__.errors():
+                kind = "unknown" if error["type"] == "extra_forbidden" else "invalid"
+                problems[kind].add(".".join(str(part) for part in error["loc"]))
+            said = "; ".join(
+                f"{kind} argument(s): {', '.join(sorted(names))}" for kind, names in problems.items() if names
+            )
+            info = ErrorInfo(422, "invalid_request", f"{name}: {said}")
             return CallToolResult(
                 content=[TextContent(type="text", text=f"Error ({info.code}): {info.message}")],
                 structured_content=info.to_json(),
@@ -119,13 +145,16 @@ class _Server(MCPServer[Any]):
 def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPServer[Any]:
     """The MCP server over ``pool``'s store. Over stdio it acts as the local operator,
     or as the principal of ``local_api_key`` (an agent's own, narrower key)."""
-    server: MCPServer[Any] = _Server(
-        "deleatur",
-        version=__version__,
-        instructions=INSTRUCTIONS,
-        # Session ids and transport chatter at INFO would fill an MCP client's log pane.
-        log_level="WARNING",
-    )
+    # Built here rather than by server.tool(), which keeps the Tool it builds: each gets
+    # its strict argument model before the server is given the list.
+    tools: list[Tool] = []
+
+    def tool(annotations: ToolAnnotations) -> Callable[[F], F]:
+        def register(fn: F) -> F:
+            tools.append(_strict(Tool.from_function(fn, annotations=annotations)))
+            return fn
+
+        return register
 
     def call(ctx: Ctx, run: Callable[[Memory], CallToolResult]) -> CallToolResult:
         """One library call on a leased handle, as the caller: over HTTP the principal of
@@ -145,7 +174,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 is_error=True,
             )
 
-    @server.tool(annotations=ADDITIVE)
+    @tool(ADDITIVE)
     def remember(
         ctx: Ctx,
         text: str,
@@ -183,7 +212,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def recall(
         ctx: Ctx, query: str, limit: int = 10, user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
@@ -196,14 +225,14 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def get_memory(
         ctx: Ctx, record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
         """One memory by id."""
         return call(ctx, lambda m: _records([m.get(record_id, space=Space(user_id, agent_id, run_id))], ""))
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def list_memories(
         ctx: Ctx,
         subject: str | None = None,
@@ -228,7 +257,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=ADDITIVE)
+    @tool(ADDITIVE)
     def forget(
         ctx: Ctx,
         record_id: str | None = None,
@@ -245,12 +274,12 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def history(ctx: Ctx, key: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
         """Every version of a key, oldest first."""
         return call(ctx, lambda m: _records(m.history(key, space=Space(user_id, agent_id, run_id)), ""))
 
-    @server.tool(annotations=DESTRUCTIVE)
+    @tool(DESTRUCTIVE)
     def rectify(
         ctx: Ctx,
         key: str,
@@ -277,7 +306,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=DESTRUCTIVE)
+    @tool(DESTRUCTIVE)
     def delete(
         ctx: Ctx,
         subject: str,
@@ -312,7 +341,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=DESTRUCTIVE)
+    @tool(DESTRUCTIVE)
     def delete_all(
         ctx: Ctx,
         user_id: str = "default",
@@ -341,7 +370,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def erasure_status(ctx: Ctx, request_id: str) -> CallToolResult:
         """An erasure request's status and phases, with timestamps."""
 
@@ -352,7 +381,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def erasure_certificate(ctx: Ctx, request_id: str) -> CallToolResult:
         """The signed erasure certificate of a request, verifiable offline with the public key."""
 
@@ -362,13 +391,13 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def verify_certificate(ctx: Ctx, certificate: dict[str, Any], expected_pubkey: str | None = None) -> CallToolResult:
         """Verify an erasure certificate offline; pin expected_pubkey (from export_public_key) for trust."""
 
         return call(ctx, lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def export_memory(ctx: Ctx, user_id: str | None = "default", subject: str | None = None) -> CallToolResult:
         """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON."""
 
@@ -381,7 +410,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=DESTRUCTIVE)
+    @tool(DESTRUCTIVE)
     def purge_expired(
         ctx: Ctx, older_than_days: float | None = None, dry_run: bool = False, confirmation: str | None = None
     ) -> CallToolResult:
@@ -401,7 +430,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=ADDITIVE)
+    @tool(ADDITIVE)
     def restrict(ctx: Ctx, subject: str, reason: str) -> CallToolResult:
         """Art. 18: keep a subject's records but stop recalling them and refuse new writes."""
 
@@ -411,7 +440,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=ADDITIVE)
+    @tool(ADDITIVE)
     def record_decision(
         ctx: Ctx, summary: str, used: list[str], user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
@@ -425,7 +454,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def explain_decision(
         ctx: Ctx, decision_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
@@ -441,7 +470,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def receipt(
         ctx: Ctx, record_id: str, user_id: str = "default", agent_id: str = "", run_id: str = ""
     ) -> CallToolResult:
@@ -453,23 +482,23 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def verify_receipt(ctx: Ctx, receipt: dict[str, Any], key: str | None = None) -> CallToolResult:
         """Check a write receipt; pin key (from export_public_key) or it is checked against the store's keys."""
 
         return call(ctx, lambda m: _report(check_receipt(m, receipt, key)))
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def verify_log(ctx: Ctx) -> CallToolResult:
         """Re-derive the whole transparency log and check every signed checkpoint."""
         return call(ctx, lambda m: _report(m.verify_log()))
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def verify_audit(ctx: Ctx) -> CallToolResult:
         """Verify the whole audit trail: every call, write, erasure and export, in the signed log."""
         return call(ctx, lambda m: _report(m.verify_audit()))
 
-    @server.tool(annotations=READ_ONLY)
+    @tool(READ_ONLY)
     def export_public_key(ctx: Ctx) -> CallToolResult:
         """The log's verifier key, to verify receipts and certificates independently."""
 
@@ -479,7 +508,14 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    return server
+    return _Server(
+        "deleatur",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        # Session ids and transport chatter at INFO would fill an MCP client's log pane.
+        log_level="WARNING",
+        tools=tools,
+    )
 
 
 __all__ = ["build_server"]
