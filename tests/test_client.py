@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,14 +28,16 @@ from deleatur import (
     Space,
     SpaceFilter,
     Status,
+    from_bytes,
     verify_receipt,
 )
 from deleatur.client import Client
-from deleatur.clock import LATEST
+from deleatur.clock import LATEST, system_clock
 from deleatur.erasure.engine import ErasureResult
 from deleatur.erasure.verify import verify_certificate
 from deleatur.servers.http import create_app
 
+from .conftest import MASTER
 from .serving import api_key, new_store, serving
 
 
@@ -45,15 +48,17 @@ class Pair:
 
     remote: Client
     local: Memory
+    store: Path
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Role, Pair]]:
-    opener = new_store(tmp_path_factory.mktemp("client") / "mem.db")
+    store = tmp_path_factory.mktemp("client") / "mem.db"
+    opener = new_store(store)
     keys = {role: api_key(opener, role) for role in (Role.ADMIN, Role.VIEWER)}
     with serving(create_app(opener)) as url, opener() as memory:
         made = {
-            role: Pair(Client(url, api_key=key), memory.as_principal(memory.authenticate(key)))
+            role: Pair(Client(url, api_key=key), memory.as_principal(memory.authenticate(key)), store)
             for role, key in keys.items()
         }
         try:
@@ -179,7 +184,10 @@ def test_erasures_are_the_librarys(admin: Pair) -> None:
         memory.erase_all(user_id="account", request_id="PAR-2", basis="Art. 17", requester="r"),
     )
 
-    client.remember("long expired", subject="Old", space=Space("retention"), expires_at=1)
+    # A record that expires a microsecond after it is written has expired by the purge.
+    now = system_clock()
+    with Memory.open(admin.store, from_bytes(MASTER), clock=lambda: now) as writer:
+        writer.remember("long expired", subject="Old", space=Space("retention"), expires_at=now + 1)
     same(client.purge(dry_run=True), memory.purge(dry_run=True))
     purged = client.purge(request_id="PAR-3")
     same(purged.request, memory.erasure_request("PAR-3"))

@@ -177,10 +177,13 @@ def test_dry_runs_take_no_callers_request_id(tmp_path_factory: pytest.TempPathFa
     admin = api_key(opener, Role.ADMIN)
     with serving(create_app(opener)) as url, Client(url, api_key=admin) as client:
         client.remember("Hugo's address", subject="Hugo")
-        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 1
-        assert client.erase("Hugo", request_id="plan")["counts"]["records"] == 1
-        assert client.erase("Hugo", dry_run=True)["plan"]["total"] == 0
-        assert client.erasure_request("plan")["counts"]["records"] == 1
+        planned = client.erase("Hugo", dry_run=True).plan
+        assert planned is not None and planned.total == 1
+        erased = client.erase("Hugo", request_id="plan").request
+        assert erased is not None and erased.counts["records"] == 1
+        planned = client.erase("Hugo", dry_run=True).plan
+        assert planned is not None and planned.total == 0
+        assert client.erasure_request("plan").counts["records"] == 1
         entries = httpx.get(
             f"{url}/v1/audit", params={"calls_only": True}, headers={"Authorization": f"Bearer {admin}"}
         ).json()["entries"]
