@@ -92,6 +92,13 @@ def connect(
     try:
         conn = apsw.Connection(str(path), flags=flags)
         conn.set_busy_handler(_busy_handler())
+        # The query planner stability guarantee: no plan depends on a bound value. Built
+        # with STAT4 (as apsw's SQLite is), SQLite re-prepares a statement whose plan
+        # looked at a bound value each time that value changes, and FTS5 rebinds its
+        # segment lookup (on ft_idx) for every segment a term is read from: without
+        # this, every full-text cursor was re-prepared once per segment but one, a third
+        # of a recall's instructions at 100k records (BENCHMARKS.md).
+        conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
         conn.execute("PRAGMA schema_version").fetchall()
     except apsw.NotADBError:
         raise NotADeleaturStoreError(f"{path} is not a deleatur store (not an SQLite database)") from None
