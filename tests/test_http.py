@@ -6,6 +6,7 @@ import contextlib
 import io
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -213,6 +214,14 @@ def test_a_caller_names_whom_it_acts_for(client: Client) -> None:
     assert client.erasure_request("VIA-1").requester == "the data subject (via test admin)"
     client.erase_all(user_id="behalf", request_id="VIA-2")
     assert client.erasure_request("VIA-2").requester == "test admin"
+    # The name is one line, and not blank: no other principal can appear on a line of its own.
+    for named, problem in [("   ", "requester must not be blank"), ("dpo (via x)\n", "control characters")]:
+        with pytest.raises(InvalidInputError, match=re.escape(problem)):
+            client.erase("Ida", request_id="VIA-3", requester=named)
+        with pytest.raises(InvalidInputError, match=re.escape(problem.replace("requester", "actor"))):
+            client.restrict("Ida", reason="contested", actor=named)
+    with pytest.raises(NotFoundError):
+        client.erasure_request("VIA-3")  # nothing was recorded
 
 
 def test_account_erasure_and_status(client: Client) -> None:

@@ -139,10 +139,12 @@ class Client:
             raise _error(response)
         try:
             return read(response.json())
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            # The server's failure, reported as any other: a caller catches DeleaturError.
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, InvalidInputError):
+            # The server's failure, not the caller's bad input, though the library's checks
+            # of what it read say InvalidInputError. Not naming the path: it may hold a subject.
             raise DeleaturError(
-                f"the server's answer to {method} {path} is not what this client reads (another deleatur version?)"
+                f"the server's answer to this {method} request is not what this client reads"
+                " (another deleatur version?)"
             ) from None
 
     # -- memories ------------------------------------------------------------------

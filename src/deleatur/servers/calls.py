@@ -7,10 +7,12 @@ import secrets
 from typing import Any
 
 from ..erasure.verify import verify_certificate
+from ..errors import InvalidInputError
 from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
 from ..memory import Memory
+from ..model import check_name
 
 
 def public_key(memory: Memory) -> dict[str, str]:
@@ -34,12 +36,17 @@ def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | N
     return verify_certificate(certificate, expected_key=key)
 
 
-def on_behalf(memory: Memory, named: str | None) -> str:
-    """Who a call is recorded as made by (an actor, a requester): the principal of the
-    caller's key, as '<named> (via <principal>)' when the caller names whom it acts
-    for. The principal is always there: a request cannot pass for another's."""
+def on_behalf(memory: Memory, named: str | None, what: str) -> str:
+    """Who a call is recorded as made by (``what``: an actor, a requester): the principal
+    of the caller's key, as '<named> (via <principal>)' when the caller names whom it
+    acts for. The principal is always there, and the name is one line: a request cannot
+    pass for another's, nor show another principal on a line of its own."""
     caller = memory.principal.name
-    return caller if named is None else f"{named} (via {caller})"
+    if named is None:
+        return caller
+    if isinstance(named, str) and not named.strip():
+        raise InvalidInputError(f"{what} must not be blank")
+    return f"{check_name(named, what, allow_empty=False).strip()} (via {caller})"
 
 
 def new_request_id(given: str | None, prefix: str) -> str:

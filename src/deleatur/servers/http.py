@@ -515,7 +515,7 @@ def create_app(
                 body.key,
                 body.text,
                 reason=body.reason,
-                actor=on_behalf(m, body.actor),
+                actor=on_behalf(m, body.actor, "actor"),
                 space=body.space(),
                 erase_previous=body.erase_previous,
                 for_legal_claim=body.for_legal_claim,
@@ -550,7 +550,7 @@ def create_app(
                 subject,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester=on_behalf(m, requester),
+                requester=on_behalf(m, requester, "requester"),
                 scope=SpaceFilter(user_id, agent_id, run_id),
                 allow_ambiguous=allow_ambiguous,
                 confirmation=confirmation,
@@ -576,7 +576,7 @@ def create_app(
                 run_id=run_id,
                 request_id=new_request_id(idempotency_key, "HTTP"),
                 basis=basis,
-                requester=on_behalf(m, requester),
+                requester=on_behalf(m, requester, "requester"),
                 confirmation=confirmation,
             )
         )
@@ -677,7 +677,7 @@ def create_app(
     async def restrict(body: RestrictBody) -> dict[str, Any]:
         """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
         return await serve(
-            lambda m: m.restrict(body.subject, reason=body.reason, actor=on_behalf(m, body.actor)).to_json()
+            lambda m: m.restrict(body.subject, reason=body.reason, actor=on_behalf(m, body.actor, "actor")).to_json()
         )
 
     @app.get("/v1/restrictions", tags=["rights"])
@@ -691,7 +691,7 @@ def create_app(
             str | None, Query(description="On whose behalf the caller lifts it; recorded as '<actor> (via <caller>)'.")
         ] = None,
     ) -> dict[str, Any]:
-        await serve(lambda m: m.unrestrict(subject, actor=on_behalf(m, actor)))
+        await serve(lambda m: m.unrestrict(subject, actor=on_behalf(m, actor, "actor")))
         return {"unrestricted": True}
 
     @app.get("/v1/export", tags=["rights"], response_class=StreamingResponse)
