@@ -106,6 +106,8 @@ OPS = [
     # An erasure in one user's records: a key scoped to that user follows it.
     Spec("erasure status in one user", (R, V), "u1", lambda m, w: m.erasure_request("E-U1")),
     Spec("certificate in one user", (R, V), "u1", lambda m, w: m.certificate("E-U1")),
+    Spec("erasure status in another user", (R, V), "u2", lambda m, w: m.erasure_request("E-U2")),
+    Spec("certificate in another user", (R, V), "u2", lambda m, w: m.certificate("E-U2")),
     Spec("checkpoint", (V, R, W), None, lambda m, w: m.checkpoint()),
     Spec("public key", (V, R, W), None, lambda m, w: m.public_key()),
     Spec("signing keys", (V, R, W), None, lambda m, w: m.signing_keys()),
@@ -119,6 +121,11 @@ OPS = [
     Spec("explain a decision", (R,), "u1", lambda m, w: m.explain_decision(w.ids["decision"], space=U1)),
 ]
 EXTRA_NEEDS = {"rectify, erasing the old value": D}
+# A request's status names its requester: a scoped key reads only those in its scopes,
+# verify or not (a certificate, content-free, it may verify across the tenant).
+STRICTLY_SCOPED = {"erasure status", "erasure status in one user", "erasure status in another user"}
+# A scoped key lists its own: those within its scopes.
+OWN_SCOPES = {"erasure requests"}
 
 CALLERS = {
     "admin": (Role.ADMIN, None),
@@ -145,6 +152,8 @@ def _world(memory: Memory) -> World:
     memory.erase("Zed", request_id="E-0", basis=BASIS, requester="t")
     memory.remember("to be erased in u1", subject="Yan", space=U1)
     memory.erase("Yan", request_id="E-U1", basis=BASIS, requester="t", scope=SpaceFilter("u1"))
+    memory.remember("to be erased in u2", subject="Yan", space=U2)
+    memory.erase("Yan", request_id="E-U2", basis=BASIS, requester="t", scope=SpaceFilter("u2"))
     ids["decision"] = memory.record_decision("seed", [ids["u1"]], space=U1).id
     return World(memory, ids)
 
@@ -155,8 +164,10 @@ def _allowed(spec: Spec, role: Role, scopes: list[str] | None) -> bool:
         return False
     if spec.name in EXTRA_NEEDS and EXTRA_NEEDS[spec.name] not in held:
         return False
-    if scopes is None:
+    if scopes is None or spec.name in OWN_SCOPES:
         return True
+    if spec.name in STRICTLY_SCOPED:
+        return spec.reach is not None and spec.reach in scopes
     # Beyond its scopes, a scoped key may only verify, and only if it holds verify.
     return (spec.reach is not None and spec.reach in scopes) or (V in spec.needs and V in held)
 
@@ -474,3 +485,21 @@ def test_retention_policies_are_per_tenant(memory: Memory) -> None:
     assert memory.retention_policy()["user"] is None
     assert memory.remember("kept", subject="a").expires_at is None
     assert memory.as_principal(outsider).retention_policy()["user"] == 1
+
+
+def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None:
+    _world(memory)
+    principal, _ = memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])
+    view = memory.as_principal(principal)
+    assert [r.id for r in view.erasure_requests()] == ["E-U1"]
+    assert {r.id for r in memory.erasure_requests()} >= {"E-0", "E-U1", "E-U2"}
+    assert view.erasure_request("E-U1").id == "E-U1"
+    entry = _last_call(memory)
+    assert (entry.fields["action"], entry.fields["outcome"]) == ("erasure.status", "ok")
+    assert entry.fields["users"] == [memory._user_token("u1")]
+    # Another user's request, and one that does not exist, are refused alike.
+    for other in ("E-U2", "E-0", "E-NONE"):
+        with pytest.raises(AccessDeniedError) as denied:
+            view.erasure_request(other)
+        assert denied.value.missing == "scope"
+        assert "E-" not in denied.value.message

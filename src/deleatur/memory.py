@@ -42,7 +42,7 @@ from .decisions.snapshots import explain as explain_decision
 from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
-from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
+from .erasure.engine import ErasureResult, erase, finish_all_pending, pending_key_ids
 from .erasure.requests import ErasureRequest
 from .erasure.residue import ResidueHit, scan
 from .errors import (
@@ -1224,11 +1224,12 @@ class Memory:
 
     @guarded("erasure.status", (R, V), calls.of_request)
     def erasure_request(self, request_id: str) -> ErasureRequest:
-        return get_request(self, request_id)
+        return calls.readable_request(self, request_id)
 
-    @guarded("erasure.list", (R, V))
+    @guarded("erasure.list", (R, V), calls.own_scopes)
     def erasure_requests(self) -> builtins.list[ErasureRequest]:
-        return [ErasureRequest.from_row(row) for row in self.backend.requests(self.tenant)]
+        """The tenant's erasure requests; for a key scoped to users, those in theirs."""
+        return calls.readable_requests(self)
 
     # -- reading -----------------------------------------------------------------
 

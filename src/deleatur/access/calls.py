@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..erasure.requests import is_request_id
+from ..erasure.engine import get_request
+from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, reached_users
 from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import canonical_subject
@@ -72,22 +73,54 @@ def enter(
     return call
 
 
+def _within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] | None:
+    """The user ids of the caller's scopes that ``request`` reached, if it reached only
+    those; None if it reached anyone else (or the whole tenant)."""
+    scopes = memory.principal.scopes
+    if scopes is None or request.users is None:
+        return None
+    named = reached_users(memory, scopes)
+    return tuple(named[ref] for ref in request.users) if all(ref in named for ref in request.users) else None
+
+
 def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
     """An erasure request's status and certificate reach the users its erasure reached,
-    so a key scoped to them can follow its own erasures. The request names them only as
-    tokens: a scoped key's own users are matched against them, and a request that
-    reaches anyone else, or none that exists, reaches the whole tenant as far as that key
-    can tell (so it cannot probe which requests exist beyond its scopes)."""
-    scopes = memory.principal.scopes
+    so a key scoped to them can follow its own erasures. A request that reaches anyone
+    else, or none that exists, reaches the whole tenant as far as a scoped key can tell,
+    so it cannot probe which requests exist beyond its scopes."""
     request_id = args[0] if args else kwargs.get("request_id")
-    if scopes is None or not is_request_id(request_id):
+    if memory.principal.scopes is None or not is_request_id(request_id):
         return None
     row = memory.backend.get_request(memory.tenant, request_id)
-    if row is None or row["users"] is None:
-        return None
-    named = {memory._user_token(user): user for user in scopes}
-    reached = row["users"].split()
-    return tuple(named[token] for token in reached) if all(token in named for token in reached) else None
+    return None if row is None else _within_scopes(memory, ErasureRequest.from_row(row))
+
+
+def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
+    """A request's status, for the caller. A scoped key reads only those within its
+    scopes, even if it may verify: unlike a certificate, a status is not content-free
+    (it names the requester, and an error). Beyond them, missing or not, it is refused
+    alike."""
+    if memory.principal.scopes is None:
+        return get_request(memory, request_id)
+    row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
+    request = None if row is None else ErasureRequest.from_row(row)
+    if request is None or _within_scopes(memory, request) is None:
+        raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
+    return request
+
+
+def readable_requests(memory: Memory) -> list[ErasureRequest]:
+    """The tenant's requests, or a scoped key's own (those within its scopes)."""
+    requests = [ErasureRequest.from_row(row) for row in memory.backend.requests(memory.tenant)]
+    if memory.principal.scopes is None:
+        return requests
+    return [request for request in requests if _within_scopes(memory, request) is not None]
+
+
+def own_scopes(memory: Memory, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """A call that a scoped key makes over its own users only."""
+    scopes = memory.principal.scopes
+    return None if scopes is None else tuple(scopes)
 
 
 def _revoked(memory: Memory, principal: Principal) -> bool:

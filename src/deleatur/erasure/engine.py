@@ -25,7 +25,7 @@ from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
 from ..model import SpaceFilter, canonical_subject, check_note, forget_cached_subjects
 from .plan import ErasurePlan, build_plan
-from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id
+from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -196,7 +196,7 @@ def erase(
         status=RequestStatus.FAILED,
         error=None,
         fingerprint=fingerprint,
-        users=None if scope.user_id is None else (memory._user_token(scope.user_id),),
+        users=None if scope.user_id is None else tuple(reached_users(memory, [scope.user_id])),
     )
     try:
         with memory._logged(sign=True) as events:

@@ -6,14 +6,17 @@ import calendar
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..clock import from_datetime, from_isoformat, isoformat, to_datetime
 from ..errors import InvalidInputError
 from ..model import SpaceFilter
+
+if TYPE_CHECKING:
+    from ..memory import Memory
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
@@ -42,6 +45,12 @@ def check_request_id(value: str) -> str:
             "request id must be 1-64 characters of letters, digits and . _ : - (starting with a letter or digit)"
         )
     return value
+
+
+def reached_users(memory: Memory, user_ids: Iterable[str]) -> dict[str, str]:
+    """Users as an erasure request keeps them: full blind references (not the audit
+    log's short tokens, since they decide who may read the request), by reference."""
+    return {memory.keys.index.ref("user", memory.tenant, user).hex(): user for user in user_ids}
 
 
 def one_month_after(micros: int) -> int:
@@ -80,7 +89,7 @@ class ErasureRequest:
     #: A keyed digest of what was asked (kind, subject, scope): a reused request id
     #: must ask for the same erasure.
     fingerprint: bytes = field(default=b"", compare=False)
-    #: The users the erasure reached, as opaque tokens (see ``Memory._user_token``);
+    #: The users the erasure reached, as blind references (see :func:`reached_users`);
     #: None for the whole tenant. Internal, like the fingerprint: not in the JSON.
     users: tuple[str, ...] | None = field(default=None, compare=False)
 

@@ -189,8 +189,8 @@ def _v8(conn: apsw.Connection) -> None:
 
 
 def _v9(conn: apsw.Connection) -> None:
-    """Which users an erasure request reached, as the audit log names users (opaque
-    tokens): a key scoped to them may then read the request and its certificate.
+    """Which users an erasure request reached, as blind references (keyed hashes of
+    the user ids): a key scoped to them may then read the request and its certificate.
     NULL is the whole tenant, which is also what requests made before say."""
     conn.execute("ALTER TABLE erasure_requests ADD COLUMN users TEXT").fetchall()
 
