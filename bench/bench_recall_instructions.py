@@ -16,7 +16,7 @@ repository root (apt-get install valgrind)::
 
     .venv/bin/python bench/bench_recall_instructions.py             # ~5 minutes on 2 CPUs
     .venv/bin/python bench/bench_recall_instructions.py --json
-    .venv/bin/python bench/bench_recall_instructions.py --sizes 10000,100000,1000000   # ~30 minutes
+    .venv/bin/python bench/bench_recall_instructions.py --sizes 10000,100000,1000000   # ~50 minutes
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--stores", type=Path, help="reuse (or build into) this directory's stores, one per size")
     parser.add_argument(
         "--sizes",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
+        type=_sizes,
         default=SIZES,
         help="store sizes, comma-separated (default 10000,100000); each is compared with the one before",
     )
@@ -144,6 +144,13 @@ def main() -> None:
             print(f"{call + ', ' + mix:<20}{figures}{ratios}")
     logarithmic = ", ".join(f"{_ratio(lo, hi)} {math.log(hi) / math.log(lo):.2f}" for lo, hi in steps)
     print(f"(logarithmic growth would be {logarithmic}; revision {result['machine']['revision']})")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(int(n) for n in text.split(","))
+    if len(sizes) < 2 or any(size < 2 for size in sizes) or list(sizes) != sorted(set(sizes)):
+        raise argparse.ArgumentTypeError("two or more increasing sizes of at least 2 records")
+    return sizes
 
 
 def _name(size: int) -> str:

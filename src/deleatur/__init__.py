@@ -7,7 +7,7 @@ from .access.audit import AuditEntry
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .decisions.snapshots import Decision
-from .erasure.engine import ErasureResult
+from .erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, ErasureResult, RequestIdReusedError
 from .erasure.plan import ErasurePlan
 from .erasure.requests import ErasureRequest, RequestKind, RequestStatus
 from .errors import (
@@ -36,17 +36,19 @@ from .log.tlogproof import TlogProof
 from .log.witness import Witness, WitnessError
 from .memory import Memory, StoreInfo
 from .model import Hit, NewMemory, Record, Space, SpaceFilter, Status, canonical_subject
-from .rights.restriction import Restriction
+from .rights.restriction import RestrictedSubjectError, Restriction
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",
+    "AmbiguousSubjectError",
     "AuditEntry",
     "AuthenticationError",
     "Capability",
     "Check",
     "Checkpoint",
+    "ConfirmationRequiredError",
     "CosignatureVerifier",
     "Cosigner",
     "DataKeyDestroyedError",
@@ -75,8 +77,10 @@ __all__ = [
     "Receipt",
     "Record",
     "Report",
+    "RequestIdReusedError",
     "RequestKind",
     "RequestStatus",
+    "RestrictedSubjectError",
     "Restriction",
     "Role",
     "SchemaVersionError",
