@@ -496,6 +496,7 @@ def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None
     assert view.erasure_request("E-U1").id == "E-U1"
     entry = _last_call(memory)
     assert (entry.fields["action"], entry.fields["outcome"]) == ("erasure.status", "ok")
+    assert entry.fields["request"] == "E-U1"  # named after the request, though passed positionally
     assert entry.fields["users"] == [memory._user_token("u1")]
     # Another user's request, and one that does not exist, are refused alike.
     for other in ("E-U2", "E-0", "E-NONE"):

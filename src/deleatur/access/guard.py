@@ -22,6 +22,7 @@ with every look at it, so that no two readers would ever see the same checkpoint
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -95,9 +96,15 @@ def guarded(
     action: str, capability: Capability | tuple[Capability, ...], reach: Reach = tenant_wide, *, audit: bool = True
 ) -> Callable[[Callable[Concatenate[G, P], R]], Callable[Concatenate[G, P], R]]:
     def decorate(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:
+        # Where a request id may come positionally (erasure_request("DSAR-1")), so that
+        # the call's audit entry is named after it however it was passed.
+        names = list(inspect.signature(method).parameters)[1:]
+        at = names.index("request_id") if "request_id" in names else None
+
         @functools.wraps(method)
         def wrapper(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            call = self._enter_call(action, capability, reach(self, args, kwargs), kwargs.get("request_id"))
+            request = args[at] if at is not None and at < len(args) else kwargs.get("request_id")
+            call = self._enter_call(action, capability, reach(self, args, kwargs), request)
             call.audit, call.logged = audit, not audit
             try:
                 result = method(self, *args, **kwargs)
