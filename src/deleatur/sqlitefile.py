@@ -96,8 +96,8 @@ def connect(
         # with STAT4 (as apsw's SQLite is), SQLite re-prepares a statement whose plan
         # looked at a bound value each time that value changes, and FTS5 rebinds its
         # segment lookup (on ft_idx) for every segment a term is read from: without
-        # this, every full-text cursor was re-prepared once per segment but one, a third
-        # of a recall's instructions at 100k records (BENCHMARKS.md).
+        # this, every full-text cursor was re-prepared once per segment but one: 13 to 49 %
+        # of a recall's ranking instructions at 10k to 1M records (BENCHMARKS.md).
         conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
         conn.execute("PRAGMA schema_version").fetchall()
     except apsw.NotADBError:
