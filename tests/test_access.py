@@ -487,6 +487,21 @@ def test_retention_policies_are_per_tenant(memory: Memory) -> None:
     assert memory.as_principal(outsider).retention_policy()["user"] == 1
 
 
+def test_reads_of_an_erasure_name_the_users_it_reached_whoever_reads(memory: Memory) -> None:
+    """An unscoped key's read of one user's erasure names that user in its audit entry,
+    as a scoped key's does, so the user's Art. 15 export finds it; a tenant-wide
+    erasure names no one."""
+    _world(memory)
+    admin = memory.as_principal(memory.create_principal("dpo", Role.ADMIN)[0])
+    for read, action in ((admin.erasure_request, "erasure.status"), (admin.certificate, "erasure.certificate")):
+        read("E-U1")
+        entry = _last_call(memory)
+        assert (entry.fields["action"], entry.fields["request"]) == (action, "E-U1")
+        assert entry.fields["users"] == [memory._user_token("u1")]
+        read("E-0")
+        assert "users" not in _last_call(memory).fields
+
+
 def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None:
     _world(memory)
     principal, _ = memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])

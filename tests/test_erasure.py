@@ -12,6 +12,7 @@ from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredE
 from deleatur.erasure.requests import RequestStatus, one_month_after
 from deleatur.log.entries import Entry, EventType
 from deleatur.model import SpaceFilter
+from deleatur.rights.restriction import RestrictedSubjectError
 
 from .conftest import MASTER, FakeClock
 
@@ -150,18 +151,38 @@ def test_agents_must_present_a_single_use_token(memory: Memory, family: dict[str
         _erase(memory, "Alice Smith", require_confirmation=True)
     token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
     assert token
-    with pytest.raises(InvalidInputError, match="unknown confirmation token"):
+    with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
         _erase(memory, "Alice Smith", request_id="DSAR-18", require_confirmation=True, confirmation="nope")
     done = _erase(memory, "Alice Smith", request_id="DSAR-19", require_confirmation=True, confirmation=token)
     assert done.request.counts["records"] == 4  # type: ignore[attr-defined]
-    with pytest.raises(InvalidInputError, match="already used"):
+    with pytest.raises(ConfirmationRequiredError, match="already used"):
         _erase(memory, "Bob", request_id="DSAR-20", confirmation=token)
+
+
+def test_a_refused_confirmation_neither_records_a_request_nor_reveals_ids_in_use(
+    memory: Memory, family: dict[str, str]
+) -> None:
+    """An agent without a valid token learns nothing of the request ids in use, and its
+    refused attempt does not hold the id against the erasure someone else means to make."""
+    agent = memory.as_principal(memory.create_principal("agent", Role.AGENT)[0])
+    _erase(memory, "Bob", request_id="DSAR-IN-USE")
+    refusals = []
+    for request_id in ("DSAR-IN-USE", "DSAR-FREE"):
+        with pytest.raises(ConfirmationRequiredError) as refused:
+            _erase(agent, "Alice Smith", request_id=request_id)
+        refusals.append(refused.value.message)
+    assert refusals[0] == refusals[1]
+    with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
+        _erase(agent, "Alice Smith", request_id="DSAR-FREE", confirmation="forged")
+    assert [r.id for r in memory.erasure_requests()] == ["DSAR-IN-USE"]
+    done = _erase(memory, "Alice Smith", request_id="DSAR-FREE").request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE
 
 
 def test_a_token_for_another_blast_radius_is_refused(memory: Memory, family: dict[str, str]) -> None:
     token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
     memory.remember("Alice's new address", subject="Alice Smith")
-    with pytest.raises(InvalidInputError, match="blast radius changed"):
+    with pytest.raises(ConfirmationRequiredError, match="blast radius changed"):
         _erase(memory, "Alice Smith", confirmation=token)
 
 
@@ -170,7 +191,7 @@ def test_a_token_is_spent_only_by_the_principal_it_was_issued_to(memory: Memory,
     first = memory.as_principal(memory.create_principal("agent one", Role.AGENT)[0])
     second = memory.as_principal(memory.create_principal("agent two", Role.AGENT)[0])
     token = _erase(first, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
-    with pytest.raises(InvalidInputError, match=r"different erasure .* or caller"):
+    with pytest.raises(ConfirmationRequiredError, match=r"different erasure .* or caller"):
         _erase(second, "Bob", request_id="DSAR-30", confirmation=token)
     assert memory.get(family["bob"]).text == "Bob likes tea"
     done = _erase(first, "Bob", request_id="DSAR-31", confirmation=token).request  # type: ignore[attr-defined]
@@ -180,7 +201,7 @@ def test_a_token_is_spent_only_by_the_principal_it_was_issued_to(memory: Memory,
 def test_expired_token_is_refused(memory: Memory, family: dict[str, str], clock: FakeClock) -> None:
     token = _erase(memory, "Alice Smith", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
     clock.advance(16 * 60)
-    with pytest.raises(InvalidInputError, match="expired"):
+    with pytest.raises(ConfirmationRequiredError, match="expired"):
         _erase(memory, "Alice Smith", confirmation=token)
 
 
@@ -193,6 +214,20 @@ def test_a_space_limited_erasure_keeps_the_key(memory: Memory, family: dict[str,
     cert = memory.certificate("DSAR-17")["certificate"]
     assert cert["erasure"]["key_destroyed"] is False
     assert any("key was kept because 1" in line for line in cert["scope_statement"]["does_not_cover"])
+
+
+def test_the_dry_run_counts_a_key_left_with_no_records_as_the_erasure_destroys_it(memory: Memory) -> None:
+    """A write refused for a restricted subject leaves the data key it made (never used);
+    the dry run says the erasure destroys it, as the erasure then does."""
+    memory.restrict("Carol", reason="accuracy contested", actor="dpo")
+    with pytest.raises(RestrictedSubjectError):
+        memory.remember("Carol's phone", subject="Carol")
+    assert memory.keys.has_key(memory.tenant, memory._subject_ref("carol"))
+    plan = _erase(memory, "Carol", dry_run=True).plan  # type: ignore[attr-defined]
+    assert (plan.total, plan.keys_destroyed) == (0, 1)
+    done = _erase(memory, "Carol").request  # type: ignore[attr-defined]
+    assert (done.counts["keys_to_destroy"], done.counts["keys_destroyed"]) == (1, 1)
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("carol"))
 
 
 def test_account_erasure_never_touches_another_user(memory: Memory) -> None:

@@ -138,6 +138,17 @@ def test_rectify_errors(memory: Memory) -> None:
         memory.rectify("k", "x", reason=" ", actor="a")
 
 
+def test_rectify_of_an_expired_value_is_refused_and_writes_nothing(memory: Memory, clock: FakeClock) -> None:
+    """A correction keeps the value's expiry: once that has passed, it would write a value
+    that is expired at birth, so it is refused instead."""
+    old = memory.remember("Alice phone +100", subject="Alice", key="alice::phone", expires_at=clock.now + 5_000_000)
+    clock.advance(6)
+    with pytest.raises(NotFoundError, match=r"expired at .* awaits purge_expired"):
+        memory.rectify("alice::phone", "Alice phone +111", reason="inaccurate", actor="dpo@example")
+    assert [r.id for r in memory.history("alice::phone")] == [old.id]
+    assert memory.get(old.id).status is Status.ACTIVE
+
+
 def test_list_filters_by_subject_and_key(memory: Memory) -> None:
     memory.remember("a1", subject="Alice", key="alice::x")
     memory.remember("a2", subject="alice")

@@ -42,7 +42,7 @@ from .decisions.snapshots import explain as explain_decision
 from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
-from .erasure.engine import ErasureResult, erase, finish_all_pending, pending_key_ids
+from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
 from .erasure.requests import ErasureRequest
 from .erasure.residue import ResidueHit, scan
 from .errors import (
@@ -669,7 +669,7 @@ class Memory:
             ref = self.keys.index.ref(purpose, self.tenant, *parts)
             # 48 bits: short, so the index stays small; two spaces sharing a prefix would
             # only share posting lists, since search filters on the space columns too.
-            token = self._tokens[key] = purpose[0] + ref.hex()[:12]
+            token = self._tokens[key] = self.keys.index.token(purpose, ref)
             if len(self._tokens) > 4096:
                 self._tokens.pop(next(iter(self._tokens)))
         return token
@@ -973,6 +973,13 @@ class Memory:
             current_row = self.backend.active_by_key(self.tenant, space, key_ref)
             if current_row is None:
                 raise NotFoundError("no active value for this key in this space")
+            if current_row.expires_at is not None and current_row.expires_at <= self._clock():
+                # A correction keeps the value's expiry: it would be born expired, never
+                # recalled, and its retention must not be stretched by a correction either.
+                raise NotFoundError(
+                    f"the value of this key expired at {isoformat(current_row.expires_at)} and awaits"
+                    " purge_expired; remember a new value instead"
+                )
             check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
             self._ids.after(self.backend.newest_id())
             current = self._decrypt(current_row)
@@ -1142,7 +1149,9 @@ class Memory:
     @guarded("erasure.certificate", (R, V), calls.of_request)
     def certificate(self, request_id: str) -> dict[str, Any]:
         """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
-        return build_certificate(self, request_id)
+        request = get_request(self, request_id)
+        calls.name_request_users(self, request)
+        return build_certificate(self, request)
 
     @guarded("erasure.residue", R)
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:

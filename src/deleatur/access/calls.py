@@ -95,17 +95,29 @@ def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any])
     return None if row is None else _within_scopes(memory, ErasureRequest.from_row(row))
 
 
+def name_request_users(memory: Memory, request: ErasureRequest) -> None:
+    """Name the users ``request`` reached in the current call's audit entry, as the
+    guard names a call's users, so that each of them finds the reads of their erasure
+    (Art. 15) whoever made them. A scoped key's call names them already."""
+    call = current(memory)
+    if call is not None and call.users is None and request.users is not None:
+        call.extra["users"] = sorted({memory.keys.index.token("user", bytes.fromhex(ref)) for ref in request.users})
+
+
 def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
     """A request's status, for the caller. A scoped key reads only those within its
     scopes, even if it may verify: unlike a certificate, a status is not content-free
     (it names the requester, and an error). Beyond them, missing or not, it is refused
     alike."""
     if memory.principal.scopes is None:
-        return get_request(memory, request_id)
-    row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
-    request = None if row is None else ErasureRequest.from_row(row)
-    if request is None or _within_scopes(memory, request) is None:
-        raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
+        request = get_request(memory, request_id)
+    else:
+        row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
+        found = None if row is None else ErasureRequest.from_row(row)
+        if found is None or _within_scopes(memory, found) is None:
+            raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
+        request = found
+    name_request_users(memory, request)
     return request
 
 

@@ -62,6 +62,12 @@ class BlindIndex:
     def ref(self, purpose: str, *parts: str | bytes) -> bytes:
         return hmac.new(self._key, _frame((purpose, *parts)), sha256).digest()[:REF_SIZE]
 
+    @staticmethod
+    def token(purpose: str, ref: bytes) -> str:
+        """A short form of ``ref`` (48 bits), for where it is written often: the
+        full-text index and the audit log."""
+        return purpose[0] + ref.hex()[:12]
+
 
 class KeyStore:
     def __init__(

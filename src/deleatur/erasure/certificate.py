@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..clock import isoformat
 from ..errors import InvalidInputError
 from ..log.checkpoint import Checkpoint
-from .engine import get_request
-from .requests import RequestStatus
+from .requests import ErasureRequest, RequestStatus
 from .scope import scope_statement
 
 if TYPE_CHECKING:
@@ -36,8 +35,8 @@ def signed_message(body: Any) -> bytes:
     return CONTEXT + canonical(body)
 
 
-def build_certificate(memory: Memory, request_id: str) -> dict[str, Any]:
-    request = get_request(memory, request_id)
+def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]:
+    request_id = request.id
     if request.status is not RequestStatus.COMPLETE:
         raise InvalidInputError(
             f"erasure request {request_id} is {request.status.value}; only a complete erasure has a certificate",

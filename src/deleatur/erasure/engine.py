@@ -40,7 +40,8 @@ class AmbiguousSubjectError(InvalidInputError):
 
 
 class ConfirmationRequiredError(InvalidInputError):
-    """An agent must present the single-use token its dry run returned."""
+    """An agent must present the single-use token its own dry run of this erasure returned;
+    none, or one that does not confirm it (unknown, used, expired, another plan's)."""
 
 
 class RequestIdReusedError(InvalidInputError):
@@ -198,6 +199,13 @@ def erase(
         fingerprint=fingerprint,
         users=None if scope.user_id is None else tuple(reached_users(memory, [scope.user_id])),
     )
+    # Refused before the request id is looked up, so a caller without a token learns
+    # nothing of the ids in use; a refusal of confirmation records no request (the
+    # audit log has the call), so it cannot hold an id another caller means to use.
+    if confirmation is None and (require_confirmation or memory.principal.role is Role.AGENT):
+        raise ConfirmationRequiredError(
+            "this caller must confirm: run a dry run with a token and present it", request_id=request_id
+        )
     try:
         with memory._logged(sign=True) as events:
             # Read under the write lock: two callers with one request id erase once.
@@ -223,20 +231,14 @@ def erase(
                     request_id=request_id,
                 )
             # An agent principal hard-deletes only what its own dry run showed it.
-            if require_confirmation or confirmation is not None or memory.principal.role is Role.AGENT:
-                if confirmation is None:
-                    raise ConfirmationRequiredError(
-                        "this caller must confirm: run a dry run with a token and present it", request_id=request_id
-                    )
+            if confirmation is not None:
                 problem = memory.backend.use_confirmation(
                     _token_hash(confirmation), memory.tenant, _confirmed_plan(memory, plan), memory._clock()
                 )
                 if problem is not None:
-                    raise InvalidInputError(problem, request_id=request_id)
+                    raise ConfirmationRequiredError(problem, request_id=request_id)
             subject_ref = None if canonical is None else memory._subject_ref(canonical)
-            destroy = set(plan.destroy_keys)
-            if subject_ref is not None and scope.everywhere and memory.keys.has_key(memory.tenant, subject_ref):
-                destroy.add(subject_ref)  # a key left with no records goes too
+            destroy = plan.destroy_keys
             pseudonym = None
             if subject_ref is not None and canonical is not None:
                 pseudonym = memory.keys.pseudonym(memory.tenant, subject_ref, canonical)
@@ -273,7 +275,7 @@ def erase(
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
         return ErasureResult(finish_pending(memory, repeated), None, repeated=True)
-    except RequestIdReusedError:
+    except (RequestIdReusedError, ConfirmationRequiredError):
         raise
     except DeleaturError as exc:
         with memory.backend.atomic():

@@ -173,9 +173,10 @@ def build_plan(
     spellings = tuple(sorted({decrypted[r.id].subject_original for r in direct_rows})) if subject else ()
 
     erased_by_ref = Counter(r.subject_ref for r in (*direct_rows, *lineage_rows))
-    destroy = tuple(
-        sorted(ref for ref, n in erased_by_ref.items() if memory.backend.count_subject(memory.tenant, ref) == n)
-    )
+    doomed = {ref for ref, n in erased_by_ref.items() if memory.backend.count_subject(memory.tenant, ref) == n}
+    if subject_ref is not None and scope.everywhere and memory.keys.has_key(memory.tenant, subject_ref):
+        doomed.add(subject_ref)  # a key left with no records goes too
+    destroy = tuple(sorted(doomed))
     kept = 0 if subject_ref is None else memory.backend.count_subject(memory.tenant, subject_ref) - len(direct_rows)
     digest = hashlib.sha256(
         "\n".join([subject or "", repr(scope.to_json()), *sorted(decrypted), *(k.hex() for k in destroy)]).encode()
