@@ -502,6 +502,28 @@ def test_reads_of_an_erasure_name_the_users_it_reached_whoever_reads(memory: Mem
         assert "users" not in _last_call(memory).fields
 
 
+def test_a_scoped_key_learns_nothing_of_a_subjects_records_beyond_its_scopes(memory: Memory) -> None:
+    """Its dry run, its erasure's reply and the statuses it reads leave out the counts of
+    records outside its scopes: a dry run would otherwise tell it whether, and how much,
+    a person it names is known to other users. An unscoped key sees them."""
+    memory.remember("Frank's file", subject="Frank", space=U2)
+    principal, _ = memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])
+    view = memory.as_principal(principal)
+    probe = view.erase("Frank", request_id="P-1", basis=BASIS, requester="t", scope=SpaceFilter("u1"), dry_run=True)
+    assert probe.plan is not None and probe.plan.total == 0
+    assert (probe.plan.kept_elsewhere, probe.plan.outside_lineage) == (None, None)
+    assert probe.plan.to_json()["kept_in_other_spaces"] is None
+    done = view.erase("Frank", request_id="E-F", basis=BASIS, requester="t", scope=SpaceFilter("u1"))
+    assert done.request is not None and "kept_in_other_spaces" not in done.request.counts
+    assert "kept_in_other_spaces" not in view.erasure_request("E-F").counts
+    assert all("kept_in_other_spaces" not in r.counts for r in view.erasure_requests())
+    assert memory.erasure_request("E-F").counts["kept_in_other_spaces"] == 1
+    unscoped = memory.erase(
+        "Frank", request_id="P-2", basis=BASIS, requester="t", scope=SpaceFilter("u1"), dry_run=True
+    )
+    assert unscoped.plan is not None and unscoped.plan.kept_elsewhere == 1
+
+
 def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None:
     _world(memory)
     principal, _ = memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])

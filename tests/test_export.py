@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,50 @@ def test_csv_bundle_matches_the_json(populated: Memory, tmp_path: Path) -> None:
     assert json.loads(rows[0]["metadata"]) == {}
     with pytest.raises(InvalidInputError, match="not empty"):
         populated.export_csv(tmp_path / "bundle", subject="Alice")
+
+
+def test_csv_tables_have_their_header_when_empty_and_rows_when_not(memory: Memory, tmp_path: Path) -> None:
+    memory.remember("Bob likes tea", subject="Bob")
+    memory.export_csv(tmp_path / "bob", subject="Bob")
+    for table in ("erasure_requests.csv", "restrictions.csv", "decisions.csv"):
+        with (tmp_path / "bob" / table).open(encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            assert reader.fieldnames and list(reader) == []
+    memory.restrict("Bob", reason="contested", actor="dpo")
+    memory.unrestrict("Bob", actor="dpo")
+    memory.erase("Bob", request_id="DSAR-B", basis="Art. 17(1)(a)", requester="dpo")
+    memory.export_csv(tmp_path / "erased", subject="Bob")
+    with (tmp_path / "erased" / "erasure_requests.csv").open(encoding="utf-8") as handle:
+        [row] = list(csv.DictReader(handle))
+    assert (row["id"], row["status"]) == ("DSAR-B", "complete")
+
+
+def test_export_files_are_readable_by_their_owner_only(populated: Memory, cli: Cli, tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        populated.export_csv(tmp_path / "bundle", subject="Alice")
+        modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "bundle").iterdir()}
+        assert len(modes) == 7 and set(modes.values()) == {0o600}
+        assert stat.S_IMODE((tmp_path / "bundle").stat().st_mode) == 0o700
+        assert cli("init")[0] == 0
+        cli("remember", "Alice likes tea", "-s", "Alice")
+        out = tmp_path / "alice.json"
+        assert cli("export", "--subject", "Alice", "--out", str(out))[0] == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_a_failed_export_writes_no_file_and_keeps_an_earlier_one(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init")[0] == 0
+    out = tmp_path / "alice.json"
+    code, _, err = cli("export", "--subject", "Alice", "--user", "u1", "--out", str(out))
+    assert code == 2 and "exactly one" in err
+    assert not out.exists()
+    out.write_text("an earlier export")
+    assert cli("export", "--subject", "Alice", "--user", "u1", "--out", str(out))[0] == 2
+    assert out.read_text() == "an earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_every_export_is_logged_without_names(populated: Memory) -> None:

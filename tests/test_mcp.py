@@ -93,6 +93,8 @@ async def _tour(session: ClientSession) -> None:
     assert (await _data(session, "verify_audit"))["verdict"] == "PASS"
     exported = await _data(session, "export_memory", user_id="c1")
     assert exported["counts"]["records"] == 3
+    both = await session.call_tool("export_memory", {"user_id": "c1", "subject": "Alice"})
+    assert both.is_error and "exactly one of a subject or a user id" in _text(both)  # as over HTTP
 
     decided = await _call(session, "record_decision", summary="Refund order #91", used=[record["id"]], user_id="c1")
     decision_id = decided.structured_content["decision"]["id"] if decided.structured_content else ""
@@ -100,17 +102,24 @@ async def _tour(session: ClientSession) -> None:
     explained = await _call(session, "explain_decision", decision_id=decision_id, user_id="c1")
     assert f"{record['id']}: Refunds within 30 days" in _text(explained)
 
-    plan = await _data(session, "delete", subject="refund_window", user_id="c1", dry_run=True)
-    assert plan["plan"]["total"] == 1
+    # A user's every space, as delete_all, the CLI and HTTP read a user id; another user's is kept.
+    in_run = {"user_id": "c1", "agent_id": "support", "run_id": "r1"}
+    await _call(session, "remember", text="Refunds by card too", subject="refund_window", **in_run)
+    await _call(session, "remember", text="Refunds for c9", subject="refund_window", user_id="c9")
+    plan = await _call(session, "delete", subject="refund_window", user_id="c1", dry_run=True)
+    assert plan.structured_content is not None and plan.structured_content["plan"]["total"] == 2
+    kept = " 1 record(s) of the subject outside this scope are kept, and its data key with them."
+    assert _text(plan).startswith("Dry run: would erase 2 record(s) for 'refund_window' (0 through lineage)." + kept)
     erased = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-1")
     assert _text(erased).startswith(
-        "Erased 1 record(s) for 'refund_window'; redacted its values from 1 decision snapshot(s).\n"
-        "  1 data key(s) destroyed;"
+        "Erased 2 record(s) for 'refund_window'; redacted its values from 1 decision snapshot(s)." + kept + "\n"
+        "  0 data key(s) destroyed;"
     )
+    assert (await _data(session, "list_memories", **in_run))["count"] == 0
     explained = await _call(session, "explain_decision", decision_id=decision_id, user_id="c1")
     assert f"{record['id']}: [redacted: erased]" in _text(explained)
     none = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-2")
-    assert _text(none) == "No records found for 'refund_window'."
+    assert _text(none) == "No records found for 'refund_window'." + kept
     status = await _call(session, "erasure_status", request_id="DEL-1")
     assert _text(status) == "Request DEL-1 is complete: received done, records_erased done, keys_destroyed done."
     certificate = await _data(session, "erasure_certificate", request_id="DEL-1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import Memory, NotFoundError
+from deleatur import Memory, NewMemory, NotFoundError
 from deleatur.log.entries import Entry, EventType
 from deleatur.rights.restriction import RestrictedSubjectError
 
@@ -39,6 +39,27 @@ def test_restricted_records_are_kept_but_not_recalled_or_written(memory: Memory)
     memory.remember("Alice likes coffee", subject="Alice")
     with pytest.raises(NotFoundError, match="not restricted"):
         memory.unrestrict("alice", actor="dpo")
+
+
+def test_a_write_about_another_subject_cannot_supersede_a_restricted_value(memory: Memory) -> None:
+    """The key names a slot, not a subject: a new value in a restricted subject's slot would
+    retire the restricted value, whoever the new one is about. The whole batch is refused."""
+    kept = memory.remember("Alice phone 111", subject="Alice", key="alice::phone")
+    memory.restrict("Alice", reason="accuracy contested", actor="dpo")
+    with pytest.raises(RestrictedSubjectError, match=r"Art\. 18"):
+        memory.remember("Alice phone 222", subject="A. Smith", key="alice::phone")
+    with pytest.raises(RestrictedSubjectError):
+        memory.remember_many(
+            [
+                NewMemory("unrelated", subject="Bob"),
+                NewMemory("Alice phone 222", subject="A. Smith", key="alice::phone"),
+            ]
+        )
+    assert memory.get(kept.id).status.value == "ACTIVE"
+    assert [r.id for r in memory.history("alice::phone")] == [kept.id]
+    assert list(memory.list(subject="Bob")) == []
+    claim = memory.remember("Alice phone 222", subject="A. Smith", key="alice::phone", for_legal_claim=True)
+    assert claim.supersedes == kept.id
 
 
 def test_restrictions_are_logged_by_pseudonym_and_reason_is_encrypted(memory: Memory, store_path: Path) -> None:

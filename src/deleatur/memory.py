@@ -777,7 +777,9 @@ class Memory:
             retention = retention_for(self, space)
             pending: builtins.list[tuple[StoredRow, str]] = []
             records = [
-                self._write(item, space, keys, events, retention=retention, pending=pending)
+                self._write(
+                    item, space, keys, events, retention=retention, pending=pending, for_legal_claim=for_legal_claim
+                )
                 for item in self._check_lineage(batch)
             ]
             self.backend.insert_many(pending)
@@ -842,9 +844,12 @@ class Memory:
         erased: tuple[str, ...] = (),
         retention: int | None = None,
         pending: builtins.list[tuple[StoredRow, str]] | None = None,
+        for_legal_claim: bool = False,
     ) -> Record:
         """Insert one record (inside the caller's transaction), superseding its key's current
-        value, and queue its log entry: a salted commitment, never the text.
+        value, and queue its log entry: a salted commitment, never the text. The caller has
+        checked that the record's own subject is writable; the superseded value's subject,
+        which may be another, is checked here.
 
         With ``pending``, the row is queued for one batched insert by the caller; a keyed
         record first flushes the queue, so its supersession sees every earlier row.
@@ -862,6 +867,10 @@ class Memory:
                 pending.clear()
             current = self.backend.active_by_key(self.tenant, space, key_ref)
             if current is not None:
+                if current.subject_ref != subject_ref:
+                    # Else a write under a restricted subject's key, about another subject,
+                    # would retire the restricted value (Art. 18).
+                    check_writable(self, [current.subject_ref], for_legal_claim=for_legal_claim)
                 self._deactivate(current, Status.SUPERSEDED, now)
                 supersedes = current.id
         record = Record(

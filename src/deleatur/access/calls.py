@@ -116,7 +116,7 @@ def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
         found = None if row is None else ErasureRequest.from_row(row)
         if found is None or _within_scopes(memory, found) is None:
             raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
-        request = found
+        request = found.beyond_scopes_hidden()
     name_request_users(memory, request)
     return request
 
@@ -126,7 +126,7 @@ def readable_requests(memory: Memory) -> list[ErasureRequest]:
     requests = [ErasureRequest.from_row(row) for row in memory.backend.requests(memory.tenant)]
     if memory.principal.scopes is None:
         return requests
-    return [request for request in requests if _within_scopes(memory, request) is not None]
+    return [request.beyond_scopes_hidden() for request in requests if _within_scopes(memory, request) is not None]
 
 
 def own_scopes(memory: Memory, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:

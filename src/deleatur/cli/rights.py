@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InvalidInputError
+from ..rights.export import private_output
 from .common import JsonOpt, add_row, app, check_output_path, emit, open_memory, out
 from .erasure import report_erasure
 
@@ -78,7 +79,7 @@ def export(
         elif out_path is None:
             counts = memory.export_json(sys.stdout, subject=subject, user_id=user)
         else:
-            with out_path.open("w", encoding="utf-8") as handle:
+            with private_output(out_path) as handle:
                 counts = memory.export_json(handle, subject=subject, user_id=user)
     if out_path is not None:
         out.print(f"exported {counts['records']} record(s), {counts['log_entries']} log entries -> {out_path}")

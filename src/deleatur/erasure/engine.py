@@ -77,6 +77,16 @@ class ErasureResult:
         return cls(ErasureRequest.from_json(data["request"]), None, repeated=data["repeated"])
 
 
+def _as_shown(memory: Memory, result: ErasureResult) -> ErasureResult:
+    """What the caller is told: a key scoped to users learns nothing of the records
+    beyond its scopes (the stored request keeps every count, for the certificate)."""
+    if memory.principal.scopes is None:
+        return result
+    plan = None if result.plan is None else result.plan.beyond_scopes_hidden()
+    request = None if result.request is None else result.request.beyond_scopes_hidden()
+    return replace(result, plan=plan, request=request)
+
+
 def _token_hash(token: str) -> bytes:
     return hashlib.sha256(b"deleatur/erasure-confirmation/v1\n" + token.encode()).digest()
 
@@ -169,7 +179,7 @@ def erase(
             with memory.backend.atomic():
                 confirmed, expires = _confirmed_plan(memory, plan), memory._clock() + TOKEN_LIFETIME_US
                 memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, expires)
-        return ErasureResult(None, plan, token)
+        return _as_shown(memory, ErasureResult(None, plan, token))
 
     received = memory._clock()
     if retention is not None:
@@ -251,6 +261,7 @@ def erase(
             first = memory.backend.log_size() + len(events)
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
             events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
+            assert plan.kept_elsewhere is not None and plan.outside_lineage is not None  # the store's own plan
             counts = {
                 "records": plan.total,
                 "direct": len(plan.direct),
@@ -274,7 +285,7 @@ def erase(
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
-        return ErasureResult(finish_pending(memory, repeated), None, repeated=True)
+        return _as_shown(memory, ErasureResult(finish_pending(memory, repeated), None, repeated=True))
     except (RequestIdReusedError, ConfirmationRequiredError):
         raise
     except DeleaturError as exc:
@@ -289,4 +300,4 @@ def erase(
         done = replace(done, counts={**done.counts, "wal_not_truncated": 1})
         with memory.backend.atomic():
             memory.backend.put_request(done.to_row(), replace=True)
-    return ErasureResult(done, plan)
+    return _as_shown(memory, ErasureResult(done, plan))

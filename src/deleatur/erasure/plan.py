@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..model import SpaceFilter, Status
@@ -46,8 +46,11 @@ class ErasurePlan:
     spellings: tuple[str, ...]
     keys_destroyed: int
     subjects: int  # distinct subjects among the erased records
-    kept_elsewhere: int  # the subject's records outside the scope (its key is kept)
-    outside_lineage: int  # derived records outside the scope, not erased
+    #: The subject's records outside the scope (its key is kept), and the derived records
+    #: outside it (not erased); None where the caller may not learn of records beyond its
+    #: key's scopes (see :meth:`beyond_scopes_hidden`).
+    kept_elsewhere: int | None
+    outside_lineage: int | None
     #: The subject references whose every record is erased.
     destroy_keys: tuple[bytes, ...] = field(default=(), compare=False)
     #: What a confirmation token confirms.
@@ -64,6 +67,12 @@ class ErasurePlan:
     @property
     def ids(self) -> list[str]:
         return [r.id for r in (*self.direct, *self.lineage)]
+
+    def beyond_scopes_hidden(self) -> ErasurePlan:
+        """The plan as a key scoped to some users sees it: without the counts of records
+        beyond its scopes, which would tell it whether (and how much) a person it names
+        is known elsewhere in the tenant."""
+        return replace(self, kept_elsewhere=None, outside_lineage=None)
 
     def per_space(self) -> dict[str, int]:
         counts = Counter(f"{r.user_id}/{r.agent_id}/{r.run_id}" for r in (*self.direct, *self.lineage))

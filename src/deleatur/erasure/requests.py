@@ -7,7 +7,7 @@ import enum
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -61,6 +61,10 @@ def one_month_after(micros: int) -> int:
     return from_datetime(datetime(year, month, day, start.hour, start.minute, start.second, tzinfo=start.tzinfo))
 
 
+#: The counts of records beyond an erasure's scope, not shown to a key scoped to users.
+BEYOND_SCOPES = ("kept_in_other_spaces", "derived_outside_scope")
+
+
 @dataclass(frozen=True, slots=True)
 class ErasureRequest:
     """An erasure request. ``subject_ref``, ``pending_keys`` and ``fingerprint`` are the
@@ -92,6 +96,12 @@ class ErasureRequest:
     #: The users the erasure reached, as blind references (see :func:`reached_users`);
     #: None for the whole tenant. Internal, like the fingerprint: not in the JSON.
     users: tuple[str, ...] | None = field(default=None, compare=False)
+
+    def beyond_scopes_hidden(self) -> ErasureRequest:
+        """The request as a key scoped to some users sees it (see
+        :meth:`ErasurePlan.beyond_scopes_hidden`); the certificate still states them."""
+        counts = {k: v for k, v in self.counts.items() if k not in BEYOND_SCOPES}
+        return replace(self, counts=counts)
 
     @property
     def deadline(self) -> int:

@@ -22,7 +22,11 @@ time, never all held in memory) and never truncated. Two formats:
 
 * a CSV bundle: a directory with ``records.csv``, ``log.csv``,
   ``erasure_requests.csv``, ``restrictions.csv``, ``decisions.csv``,
-  ``audit.csv`` and ``manifest.json`` (format, scope and counts).
+  ``audit.csv`` and ``manifest.json`` (format, scope and counts). Every table has
+  its header row, an empty one too.
+
+Export files are made readable by their owner only (0600; a CSV bundle's directory
+0700): they hold a person's data in clear.
 
 The export itself is logged (what kind, how many records; no name).
 """
@@ -32,9 +36,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
@@ -58,6 +65,36 @@ class TextSink(Protocol):
 
 
 _BATCH = 500
+# The CSV tables of lists, each row a to_json() of its kind, and their columns.
+_TABLES = {
+    "erasure_requests.csv": (
+        "id", "tenant", "kind", "subject", "scope", "basis", "requester", "received_at", "completed_at",
+        "deadline", "deadline_met", "status", "error", "counts", "record_ids", "tombstones", "phases",
+    ),
+    "restrictions.csv": ("subject", "reason", "actor", "since"),
+    "decisions.csv": ("id", "time", "actor", "summary", "sha256", "redactions", "beliefs"),
+}  # fmt: skip
+
+
+def _private(path: Path) -> TextIO:
+    """A new file that only its owner may read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    return open(fd, "w", newline="", encoding="utf-8")
+
+
+@contextmanager
+def private_output(path: Path) -> Iterator[TextIO]:
+    """Write ``path`` whole or not at all, readable by its owner only: the text goes to a
+    new file beside it, renamed over ``path`` once the writing succeeded."""
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    try:
+        with _private(partial) as handle:
+            yield handle
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 RECORD_COLUMNS = (
     "id",
     "tenant",
@@ -225,10 +262,7 @@ def export_csv(
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise InvalidInputError(f"cannot create {directory}: {exc.strerror}") from None
-    with (
-        (directory / "records.csv").open("w", newline="", encoding="utf-8") as rec_file,
-        (directory / "log.csv").open("w", newline="", encoding="utf-8") as log_file,
-    ):
+    with _private(directory / "records.csv") as rec_file, _private(directory / "log.csv") as log_file:
         records = csv.DictWriter(rec_file, fieldnames=RECORD_COLUMNS)
         log = csv.writer(log_file)
         records.writeheader()
@@ -244,7 +278,7 @@ def export_csv(
     _write_table(directory / "erasure_requests.csv", job.requests())
     _write_table(directory / "restrictions.csv", job.restrictions())
     _write_table(directory / "decisions.csv", job.decisions())
-    with (directory / "audit.csv").open("w", newline="", encoding="utf-8") as audit_file:
+    with _private(directory / "audit.csv") as audit_file:
         audit = csv.writer(audit_file)
         audit.writerow(["index", "entry"])
         for item in job.audit_trail():
@@ -256,7 +290,8 @@ def export_csv(
         "scope": job.scope_json(),
         "counts": job.counts(),
     }
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    with _private(directory / "manifest.json") as manifest_file:
+        manifest_file.write(json.dumps(manifest, indent=2) + "\n")
     job.audit()
     return job.counts()
 
@@ -267,10 +302,9 @@ def _checkpoint(memory: Memory) -> str | None:
 
 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        if not rows:
-            return
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    with _private(path) as handle:
+        # A row with a key that is not a column is refused (DictWriter's extrasaction).
+        writer = csv.DictWriter(handle, fieldnames=_TABLES[path.name])
         writer.writeheader()
         for row in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})

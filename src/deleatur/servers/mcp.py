@@ -64,12 +64,20 @@ def _report(report: Report) -> CallToolResult:
     return _ok("\n".join(report.lines()), report.to_json())
 
 
+def _kept(records: int | None) -> str:
+    """The subject's records outside the erasure's scope, where the caller may know of them."""
+    if not records:
+        return ""
+    return f" {records} record(s) of the subject outside this scope are kept, and its data key with them."
+
+
 def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> CallToolResult:
     """The seeds' messages: ``Erased 2 record(s) for 'x'; ...`` or ``No records found for 'x'.``"""
     if result.request is None:
         assert result.plan is not None
         plan = result.plan
         text = f"Dry run: would erase {plan.total} record(s) for {what} ({len(plan.lineage)} through lineage)."
+        text += _kept(plan.kept_elsewhere)
         if plan.ambiguous:
             text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
         if result.token:
@@ -87,6 +95,7 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     else:
         also = f"; redacted its values from {redacted} decision snapshot(s)" if redacted else ""
         text = f"{again}Erased {records} record(s) for {what}{also}."
+    text += _kept(request.counts.get("kept_in_other_spaces"))
     if records:
         text += (
             f"\n  {request.counts.get('keys_destroyed', 0)} data key(s) destroyed; request {request.id} is"
@@ -320,10 +329,12 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         confirmation: str | None = None,
         allow_ambiguous: bool = False,
     ) -> CallToolResult:
-        """Art. 17: permanently erase every record of a subject in the space (every space with
-        all_spaces), history and derived records included, and destroy its key. A dry run shows
-        what would go and issues the confirmation token agents must present."""
-        scope = SpaceFilter() if all_spaces else SpaceFilter(user_id, agent_id, run_id)
+        """Art. 17: permanently erase every record of a subject in user_id's spaces (only that
+        agent's or run's if agent_id or run_id is given; every user's with all_spaces), history and
+        derived records included, and destroy its key. A dry run shows what would go and issues the
+        confirmation token agents must present."""
+        # As delete_all, the CLI and HTTP read them: an empty agent or run id is every one.
+        scope = SpaceFilter() if all_spaces else SpaceFilter(user_id, agent_id or None, run_id or None)
 
         def run(memory: Memory) -> CallToolResult:
             result = memory.erase(
@@ -398,12 +409,13 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         return call(ctx, lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
 
     @tool(READ_ONLY)
-    def export_memory(ctx: Ctx, user_id: str | None = "default", subject: str | None = None) -> CallToolResult:
-        """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON."""
+    def export_memory(ctx: Ctx, user_id: str | None = None, subject: str | None = None) -> CallToolResult:
+        """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON: give
+        exactly one of user_id and subject."""
 
         def run(memory: Memory) -> CallToolResult:
             buffer = io.StringIO()
-            counts = memory.export_json(buffer, subject=subject, user_id=None if subject else user_id)
+            counts = memory.export_json(buffer, subject=subject, user_id=user_id)
             document: dict[str, Any] = json.loads(buffer.getvalue())
             what = f"'{subject}'" if subject else f"'{user_id}'"
             return _ok(f"Exported {counts['records']} record(s) for {what}.\n{buffer.getvalue()}", document)
