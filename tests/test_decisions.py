@@ -108,6 +108,34 @@ def test_erasure_redacts_resigns_and_logs_the_link(memory: Memory, store_path: P
     assert b"Quokkafield" not in blob
 
 
+def test_account_erasure_leaves_the_decisions_only_pseudonyms_of_its_spaces(memory: Memory, store_path: Path) -> None:
+    """A user id can name a person: after an account erasure, the decisions made in its
+    spaces keep them only as the request's own pseudonyms, re-signed; others are untouched."""
+    space = Space("cust_zebu77", "agt_yak", "run_gnu")
+    used = memory.remember("Ivy likes okapis", subject="Ivy", space=space)
+    decision = memory.record_decision("approved", [used.id], space=space)
+    other = memory.remember("Oz likes owls", subject="Oz", space=Space("cust_other"))
+    kept = memory.record_decision("declined", [other.id], space=Space("cust_other"))
+    result = memory.erase_all(user_id="cust_zebu77", request_id="ACC-1", basis=BASIS, requester="dpo")
+    assert result.request is not None
+    assert (result.request.counts["decisions_redacted"], result.request.counts["decisions_pseudonymized"]) == (1, 1)
+    with pytest.raises(NotFoundError):
+        memory.explain_decision(decision.id, space=space)
+    row = memory.backend.decision(memory.tenant, decision.id)
+    assert row is not None
+    moved = Space(row["user_id"], row["agent_id"], row["run_id"])
+    assert moved.user_id == result.request.scope.user_id  # the request's pseudonym, and only it
+    assert moved.agent_id.startswith("psn:") and moved.run_id.startswith("psn:")
+    after = memory.explain_decision(decision.id, space=moved)  # verifies: re-signed
+    assert after.body["space"] == {"user_id": moved.user_id, "agent_id": moved.agent_id, "run_id": moved.run_id}
+    assert [r["by"] for r in after.body["redactions"]] == ["erasure", "account erasure"]
+    assert memory.explain_decision(kept.id, space=Space("cust_other")).body["redactions"] == []
+    assert memory.verify_log().ok
+    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    for name in (b"cust_zebu77", b"agt_yak", b"run_gnu", b"okapis"):
+        assert name not in blob, name
+
+
 def test_erasing_a_subject_no_decision_used_redacts_nothing(memory: Memory) -> None:
     decision_id, *_ = _decided(memory)
     memory.remember("unrelated", subject="Bob")

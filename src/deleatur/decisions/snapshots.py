@@ -20,7 +20,10 @@ the summary under a key of the tenant's decisions; erasing a subject therefore
 shreds old copies in backups too. The erasure itself redacts: it blanks the
 erased records' keys, values and salts in every snapshot that used them, re-signs
 the snapshot, and logs a ``redact`` entry linking the old and new body hashes.
-``rectify --erase-previous`` redacts the values it hard-deletes the same way.
+``rectify --erase-previous`` redacts the values it hard-deletes the same way. An
+account erasure also replaces the space of the decisions made in the erased spaces
+with the erasure request's pseudonyms (a redaction with no records): a user id can
+name a person.
 
 The summary is not redacted: it describes the decision and must not name people
 (it is sealed under the tenant's decisions key, which no erasure destroys).
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +41,7 @@ from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..ids import is_record_id
 from ..log.entries import Entry, EventType
 from ..log.note import Verifier
-from ..model import Space, check_note
+from ..model import Space, SpaceFilter, check_note
 from ..rights.restriction import check_writable
 
 if TYPE_CHECKING:
@@ -226,6 +229,36 @@ def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: 
     if (body.get("id"), body.get("tenant"), body.get("space")) != (decision_id, memory.tenant, space):
         raise IntegrityError(f"decision {decision_id}: check 3 (identity) failed: the row holds another decision")
     return Decision(body, digest.hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
+
+
+def pseudonymize_spaces(
+    memory: Memory, scope: SpaceFilter, pseudonym: Callable[[str], str], events: Events, *, request_id: str, now: int
+) -> int:
+    """An account erasure's: the decisions made in the erased spaces keep their space only
+    as the request's own pseudonyms (which nothing links back to the ids), re-signed, with
+    a redaction that says so. Inside the erasure's transaction; returns how many."""
+    moved = 0
+    for decision_id in memory.backend.decisions_in(memory.tenant, scope):
+        row = memory.backend.decision(memory.tenant, decision_id)
+        assert row is not None
+        body, stored = _open(memory, row)
+        previous = hashlib.sha256(canonical(body)).hexdigest()
+        space = Space(*(pseudonym(name) if name else "" for name in (row["user_id"], row["agent_id"], row["run_id"])))
+        named = {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+        redaction = {"by": "account erasure", "request": request_id, "records": [], "time": now, "previous": previous}
+        body = {**body, "space": named, "redactions": [*body["redactions"], redaction]}
+        stored = {**stored, "space": named, "redactions": body["redactions"]}
+        digest = _store(memory, body, stored, space, (), replace=True)
+        fields = {
+            "tenant": memory.tenant,
+            "decision": decision_id,
+            "old": previous,
+            "new": digest,
+            "request": request_id,
+        }
+        events.append((Entry(EventType.REDACT, now, fields), None))
+        moved += 1
+    return moved
 
 
 def redact(

@@ -15,11 +15,12 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..access.principals import Role
+from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
@@ -97,14 +98,17 @@ def _confirmed_plan(memory: Memory, plan: ErasurePlan) -> bytes:
     return hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.digest + memory.principal.id.encode()).digest()
 
 
-def _scope_pseudonyms(scope: SpaceFilter) -> SpaceFilter:
-    """Keep the shape of the scope but not the ids: a one-time key, discarded at once."""
+def _pseudonymizer() -> Callable[[str], str]:
+    """Names kept only as pseudonyms of one request: a one-time key, discarded with it."""
     key = secrets.token_bytes(32)
+    return lambda value: "psn:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
 
-    def psn(value: str | None) -> str | None:
-        return None if value is None else "psn:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
 
-    return SpaceFilter(psn(scope.user_id), psn(scope.agent_id), psn(scope.run_id))
+def _scope_pseudonyms(scope: SpaceFilter, pseudonym: Callable[[str], str]) -> SpaceFilter:
+    """Keep the shape of the scope but not the ids."""
+    return SpaceFilter(
+        *(None if name is None else pseudonym(name) for name in (scope.user_id, scope.agent_id, scope.run_id))
+    )
 
 
 def get_request(memory: Memory, request_id: str) -> ErasureRequest:
@@ -192,6 +196,7 @@ def erase(
     fingerprint = memory.keys.index.ref(
         "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), asked], sort_keys=True)
     )
+    space_pseudonym = _pseudonymizer()
     # What a failure records; a success fills in the rest.
     template = ErasureRequest(
         id=request_id,
@@ -199,7 +204,7 @@ def erase(
         kind=kind,
         subject_pseudonym=None,
         subject_ref=None,
-        scope=_scope_pseudonyms(scope),
+        scope=_scope_pseudonyms(scope, space_pseudonym),
         basis=basis,
         requester=requester,
         received_at=received,
@@ -258,6 +263,9 @@ def erase(
             doomed_keys = memory.keys.key_ids(memory.tenant, sorted(destroy))
             now = memory._clock()
             redacted = redact_decisions(memory, plan.ids, request_id, now, events)
+            moved = 0
+            if kind is RequestKind.ACCOUNT:
+                moved = pseudonymize_spaces(memory, scope, space_pseudonym, events, request_id=request_id, now=now)
             first = memory.backend.log_size() + len(events)
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
             events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
@@ -272,6 +280,8 @@ def erase(
                 "derived_outside_scope": plan.outside_lineage,
                 "decisions_redacted": redacted,
             }
+            if kind is RequestKind.ACCOUNT:
+                counts["decisions_pseudonymized"] = moved
             events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
             request = replace(
                 template,

@@ -601,6 +601,15 @@ class SQLiteBackend:
             )
         return sorted(found)
 
+    def decisions_in(self, tenant: str, scope: SpaceFilter) -> list[str]:
+        # No index: only an account erasure asks, and it reads the tenant's decisions once.
+        sql, args = "SELECT id FROM decisions WHERE tenant = ?", [tenant]
+        for column, value in (("user_id", scope.user_id), ("agent_id", scope.agent_id), ("run_id", scope.run_id)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                args.append(value)
+        return sorted(str(r[0]) for r in self._conn.execute(sql, args))
+
     def put_principal(self, row: Mapping[str, Any]) -> None:
         self._conn.execute(
             f"INSERT INTO principals({', '.join(_PRINCIPAL_COLUMNS)})"
