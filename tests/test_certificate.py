@@ -260,6 +260,30 @@ def test_verification_survives_a_key_rotation(erased: tuple[Memory, dict[str, An
     assert _verify(memory, cert) == []
 
 
+def test_a_checkpoint_pinned_before_a_key_rotation_anchors_a_later_certificate(
+    memory: Memory, evidence: StoreEvidence
+) -> None:
+    """The verifier pinned a checkpoint signed by the old key; the certificate is signed by
+    the new one, which the old key endorsed in the log. With the store, the chain holds."""
+    memory.remember_many([NewMemory(f"bystander {i}", subject=f"p{i % 7}") for i in range(30)])
+    pinned = memory.checkpoint()
+    memory.rotate_signing_key()
+    memory.remember("Alice's phone is +100", subject="Alice")
+    memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
+    cert = memory.certificate("DSAR-17")
+    new_key = memory.log.verifiers()[-1]
+    report = verify_certificate(cert, expected_key=new_key, expected_checkpoint=pinned, store=evidence)
+    assert report.ok, report.lines()
+    alone = verify_certificate(cert, expected_key=new_key, expected_checkpoint=pinned)
+    assert [(c.name, "--store" in c.detail) for c in alone.failed] == [("pinned_checkpoint", True)]
+    # A key entry changed in the store's files is no longer in the certified tree.
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    index, raw = evidence.key_entries(evidence.log_size())[0]
+    conn.execute("UPDATE log_entries SET entry = ? WHERE idx = ?", (raw.replace(b'"vkey":"', b'"vkey":"x'), index))
+    forged = verify_certificate(cert, expected_key=new_key, expected_checkpoint=pinned, store=evidence)
+    assert "pinned_checkpoint" in [c.name for c in forged.failed]
+
+
 def test_space_scope_is_pseudonymous_in_the_certificate(memory: Memory) -> None:
     memory.remember("x", subject="s", space=Space("cust_5521"))
     memory.erase_all(user_id="cust_5521", request_id="ACC-1", basis=BASIS, requester="ops")

@@ -30,9 +30,18 @@ from ..errors import InvalidInputError, NotFoundError
 from ..ids import is_record_id
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
-from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
+from ..log.merkle import (
+    ProofError,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    subtree_root,
+    verify_consistency,
+    verify_inclusion,
+)
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
+from ..log.verify import announce_key
 from ..model import check_tenant
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
@@ -262,13 +271,41 @@ def _tombstones(
     return True, f"{len(seen)} tombstone(s) included in the tree of size {checkpoint.size}"
 
 
+def _key_chain(key: Verifier, checkpoint: Checkpoint, store: StoreEvidence) -> list[Verifier]:
+    """The keys the store's log announced within the certified tree, each endorsed by the
+    one before it, if the last of them is ``key``: the keys that signed this log's earlier
+    checkpoints. Only ``key`` if the chain does not hold (the entries are checked to be
+    in the certified tree, so a key entry added to the store's files does not count)."""
+    keys: list[tuple[int, Verifier]] = []
+    if checkpoint.size > store.log_size():
+        return [key]  # no such tree in this store (and perhaps no integer SQLite holds)
+    try:
+        for index, raw in store.key_entries(checkpoint.size):
+            if Entry.canonical_type(raw) != EventType.KEY:
+                continue
+            proof = inclusion_proof(index, checkpoint.size, store.log_node)
+            verify_inclusion(index, checkpoint.size, leaf_hash(raw), proof, checkpoint.root)
+            if announce_key(Entry.decode(raw), index, keys) is not None:
+                return [key]
+    except (EntryError, ProofError, NotFoundError):
+        return [key]
+    return [k for _, k in keys] if keys and keys[-1][1].vkey == key.vkey else [key]
+
+
 def _pinned(pinned: Note, key: Verifier, checkpoint: Checkpoint, store: StoreEvidence | None) -> tuple[bool, str]:
     try:
         old = Checkpoint.parse(pinned.text)
     except NoteError as exc:
         return False, f"pinned checkpoint is malformed: {exc.message}"
-    if not any(key.matches(s) and key.verify(pinned.text, s) for s in pinned.signatures):
-        return False, "the pinned checkpoint is not signed by the certificate's key"
+    # A checkpoint pinned before a key rotation is signed by an earlier key of the chain.
+    signers = [key] if store is None else _key_chain(key, checkpoint, store)
+    if not any(v.matches(s) and v.verify(pinned.text, s) for s in pinned.signatures for v in signers):
+        if store is None:
+            return False, (
+                "the pinned checkpoint is not signed by the certificate's key (if it was signed before a key"
+                " rotation, pass --store to check the key chain)"
+            )
+        return False, "the pinned checkpoint is signed by neither the certificate's key nor a key it was endorsed by"
     if old.origin != checkpoint.origin:
         return False, "the pinned checkpoint is from another log"
     if old.size == checkpoint.size:

@@ -33,7 +33,7 @@ from .tlog import rotation_message
 StoredLevel = Callable[[int], Iterator[tuple[int, bytes]]]
 
 
-def _key_events(entry: Entry, index: int, keys: list[tuple[int, Verifier]]) -> str | None:
+def announce_key(entry: Entry, index: int, keys: list[tuple[int, Verifier]]) -> str | None:
     """Add an announced key to ``keys``; returns a problem, or None."""
     vkey = entry.fields.get("vkey")
     if not isinstance(vkey, str):
@@ -99,7 +99,7 @@ def verify_log(
             try:
                 kind = Entry.canonical_type(raw)
                 if kind == EventType.KEY:
-                    key_problem = key_problem or _key_events(Entry.decode(raw), index, keys)
+                    key_problem = key_problem or announce_key(Entry.decode(raw), index, keys)
                 elif kind == EventType.RETENTION:
                     anchors.anchor(index, dict(Entry.decode(raw).fields))
             except EntryError as exc:

@@ -52,6 +52,17 @@ class StoreEvidence:
         row = self._db.execute("SELECT entry FROM log_entries WHERE idx = ?", (index,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def key_entries(self, size: int) -> list[tuple[int, bytes]]:
+        """The log's key announcements among its first ``size`` entries, oldest first (a
+        superset: the caller checks each entry's type, and its inclusion)."""
+        return [
+            (int(idx), bytes(raw))
+            for idx, raw in self._db.execute(
+                "SELECT idx, entry FROM log_entries WHERE idx < ? AND instr(entry, ?) > 0 ORDER BY idx",
+                (size, b'"type":"key"'),
+            )
+        ]
+
     def log_node(self, level: int, index: int) -> bytes:
         row = self._db.execute("SELECT hash FROM log_nodes WHERE pos = ?", (level << _LEVEL_SHIFT | index,)).fetchone()
         if row is None:
