@@ -62,6 +62,27 @@ def test_a_write_about_another_subject_cannot_supersede_a_restricted_value(memor
     assert claim.supersedes == kept.id
 
 
+def test_a_legal_claim_allows_a_correction_but_never_hard_deletes_restricted_values(memory: Memory) -> None:
+    first = memory.remember("Rita phone +78", subject="Rita Roe", key="rita::phone")
+    memory.restrict("Rita Roe", reason="needed for a legal claim", actor="dpo")
+    fixed = memory.rectify("rita::phone", "Rita phone +79", reason="fix", actor="dpo", for_legal_claim=True)
+    with pytest.raises(RestrictedSubjectError, match="only kept until the restriction is lifted"):
+        memory.rectify(
+            "rita::phone", "Rita phone +80", reason="fix", actor="dpo", erase_previous=True, for_legal_claim=True
+        )
+    assert [r.id for r in memory.history("rita::phone")] == [first.id, fixed.id]
+
+
+def test_deriving_from_a_restricted_subjects_record_is_refused_unless_for_a_legal_claim(memory: Memory) -> None:
+    source = memory.remember("Alice phone +100", subject="Alice")
+    memory.restrict("Alice", reason="contested", actor="dpo")
+    with pytest.raises(RestrictedSubjectError):
+        memory.remember("Loan score derived from Alice's phone", subject="Scoring", derived_from=[source.id])
+    assert list(memory.list(subject="Scoring")) == []
+    claim = memory.remember("Evidence summary", subject="Scoring", derived_from=[source.id], for_legal_claim=True)
+    assert claim.derived_from == (source.id,)
+
+
 def test_restrictions_are_logged_by_pseudonym_and_reason_is_encrypted(memory: Memory, store_path: Path) -> None:
     memory.remember("x", subject="Alice Quartermain")
     memory.restrict("Alice Quartermain", reason="zanzibarquokka dispute", actor="dpo")

@@ -90,6 +90,24 @@ def test_purge_removes_expired_and_old_records_with_tombstones(
         assert b"qzexpiring" not in path.read_bytes()
 
 
+def test_purge_keeps_a_restricted_subjects_records_and_says_so(memory: Memory, clock: FakeClock) -> None:
+    """Art. 18(1)(c): past its retention, data the subject needs for a legal claim is
+    restricted, not deleted; the purge keeps it (and the restriction) and counts it."""
+    kept = memory.remember("Eve's contract", subject="Eve Ray", expires_at=clock.now + 5_000_000)
+    gone = memory.remember("Bob's note", subject="Bob", expires_at=clock.now + 5_000_000)
+    memory.restrict("Eve Ray", reason="needed for a legal claim", actor="dpo")
+    clock.advance(10)
+    plan = memory.purge(dry_run=True).plan
+    assert plan is not None and ([r.id for r in plan.direct], plan.kept_restricted) == ([gone.id], 1)
+    done = memory.purge().request
+    assert done is not None
+    assert (done.record_ids, done.counts["kept_restricted"]) == ((gone.id,), 1)
+    assert memory.get(kept.id).text == "Eve's contract"
+    assert [r.reason for r in memory.restrictions()] == ["needed for a legal claim"]
+    memory.unrestrict("Eve Ray", actor="dpo")
+    assert memory.purge().request.record_ids == (kept.id,)  # type: ignore[union-attr]
+
+
 def test_retention_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli("init")[0] == 0
     assert cli("retention", "set", "run", "30")[0] == 0

@@ -762,7 +762,7 @@ class Memory:
             return []
         # Refuse bad lineage before any data key is made, so a refused write leaves no
         # trace in the key store either; checked again under the lock.
-        self._check_lineage(batch)
+        self._lineage_sources(batch)
         seen = self.backend.data_version()
         keys = self._data_keys(batch)
         # A batch makes its index writes at its end (see deferred_index); one write gains
@@ -771,7 +771,10 @@ class Memory:
         with self._logged() as events, deferred:
             # A restricted subject has a key already (restrict() made it), so checking
             # here, under the lock, refuses without leaving a new key behind.
-            check_writable(self, [ref for ref, _, _ in keys.values()], for_legal_claim=for_legal_claim)
+            # Deriving from a restricted subject's record is processing it, too.
+            sources = self._lineage_sources(batch)
+            refs = {ref for ref, _, _ in keys.values()} | {row.subject_ref for row in sources}
+            check_writable(self, sorted(refs), for_legal_claim=for_legal_claim)
             self._ids.after(self.backend.newest_id())  # ids follow commit order (see IdGenerator.after)
             keys = self._live_keys(keys, seen)
             retention = retention_for(self, space)
@@ -780,7 +783,7 @@ class Memory:
                 self._write(
                     item, space, keys, events, retention=retention, pending=pending, for_legal_claim=for_legal_claim
                 )
-                for item in self._check_lineage(batch)
+                for item in batch
             ]
             self.backend.insert_many(pending)
             return records
@@ -815,22 +818,22 @@ class Memory:
                 fresh[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
         return fresh
 
-    def _check_lineage(self, batch: list[NewMemory]) -> list[NewMemory]:
+    def _lineage_sources(self, batch: list[NewMemory]) -> builtins.list[StoredRow]:
+        """The records the batch derives from, each checked to exist for this caller."""
         lineage = {parent for item in batch for parent in item.derived_from}
+        if not lineage:
+            return []
         for parent in lineage:
             if not is_record_id(parent):
                 raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
         scopes = self.principal.scopes
-        if scopes is None:
-            found = self.backend.existing_ids(self.tenant, lineage)
-        else:
-            # A scoped key may derive only from records it may see: a record outside its
-            # scopes reads as unknown, so lineage cannot probe, or link into, other users.
-            found = {row.id for row in self.backend.rows(self.tenant, lineage) if row.space.user_id in scopes}
-        missing = lineage - found
+        # A scoped key may derive only from records it may see: a record outside its
+        # scopes reads as unknown, so lineage cannot probe, or link into, other users.
+        sources = [r for r in self.backend.rows(self.tenant, lineage) if scopes is None or r.space.user_id in scopes]
+        missing = lineage - {row.id for row in sources}
         if missing:
             raise NotFoundError(f"derived_from names unknown record id {sorted(missing)[0]}")
-        return batch
+        return sources
 
     def _write(
         self,
@@ -989,7 +992,9 @@ class Memory:
                     f"the value of this key expired at {isoformat(current_row.expires_at)} and awaits"
                     " purge_expired; remember a new value instead"
                 )
-            check_writable(self, [current_row.subject_ref], for_legal_claim=for_legal_claim)
+            # A legal claim allows writing a correction, never hard-deleting what is held
+            # under restriction (Art. 18(1)(c) keeps it for the subject's claim).
+            check_writable(self, [current_row.subject_ref], for_legal_claim=None if erase_previous else for_legal_claim)
             self._ids.after(self.backend.newest_id())
             current = self._decrypt(current_row)
             item = NewMemory(

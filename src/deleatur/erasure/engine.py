@@ -282,6 +282,8 @@ def erase(
             }
             if kind is RequestKind.ACCOUNT:
                 counts["decisions_pseudonymized"] = moved
+            if kind is RequestKind.RETENTION:
+                counts["kept_restricted"] = plan.kept_restricted
             events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
             request = replace(
                 template,

@@ -51,6 +51,9 @@ class ErasurePlan:
     #: key's scopes (see :meth:`beyond_scopes_hidden`).
     kept_elsewhere: int | None
     outside_lineage: int | None
+    #: A purge's: records past their retention kept because their subject is restricted
+    #: (Art. 18(1)(c): the subject may need them for a legal claim).
+    kept_restricted: int = 0
     #: The subject references whose every record is erased.
     destroy_keys: tuple[bytes, ...] = field(default=(), compare=False)
     #: What a confirmation token confirms.
@@ -106,6 +109,7 @@ class ErasurePlan:
             "subjects": self.subjects,
             "kept_in_other_spaces": self.kept_elsewhere,
             "derived_outside_scope": self.outside_lineage,
+            "kept_restricted": self.kept_restricted,
             "note": RESIDUE_HINT,
         }
 
@@ -130,6 +134,7 @@ class ErasurePlan:
             subjects=data["subjects"],
             kept_elsewhere=data["kept_in_other_spaces"],
             outside_lineage=data["derived_outside_scope"],
+            kept_restricted=data["kept_restricted"],
         )
 
 
@@ -163,12 +168,16 @@ def build_plan(
     if retention is not None:
         # Derived records carry their own expiry: a purge follows no lineage.
         now, created_before = retention
-        direct_rows = memory.backend.retention_due(memory.tenant, now=now, created_before=created_before)
+        due = memory.backend.retention_due(memory.tenant, now=now, created_before=created_before)
+        restricted = {bytes(r["subject_ref"]) for r in memory.backend.restrictions(memory.tenant)}
+        direct_rows = [row for row in due if row.subject_ref not in restricted]
+        kept_restricted = len(due) - len(direct_rows)
         lineage_rows: list[StoredRow] = []
         outside = 0
     else:
         direct_rows = list(memory.backend.select_any(memory.tenant, scope, subject_ref=subject_ref))
         lineage_rows, outside = _closure(memory, direct_rows, scope)
+        kept_restricted = 0
     decrypted = {row.id: memory._decrypt(row) for row in (*direct_rows, *lineage_rows)}
 
     def planned(row: StoredRow, via: str) -> PlannedRecord:
@@ -202,5 +211,6 @@ def build_plan(
         subjects=len(erased_by_ref),
         kept_elsewhere=kept,
         outside_lineage=outside,
+        kept_restricted=kept_restricted,
         digest=digest,
     )

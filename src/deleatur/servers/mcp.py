@@ -438,6 +438,9 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
             records = result.request.counts.get("records", 0)
             age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
             text = f"Purged {records} record(s){age} [request {result.request.id}]."
+            restricted = result.request.counts.get("kept_restricted", 0)
+            if restricted:
+                text += f" Kept {restricted} record(s) of restricted subjects (Art. 18)."
             return _ok(text, result.to_json(system_clock()))
 
         return call(ctx, run)

@@ -240,20 +240,6 @@ class SQLiteBackend:
             f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.id = ? AND +r.tenant = ?", (record_id, tenant)
         )
 
-    def existing_ids(self, tenant: str, ids: Iterable[str]) -> set[str]:
-        wanted = list(dict.fromkeys(ids))
-        found: set[str] = set()
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            marks = ", ".join("?" * len(chunk))
-            found.update(
-                r[0]
-                for r in self._conn.execute(
-                    f"SELECT id FROM records WHERE +tenant = ? AND id IN ({marks})", (tenant, *chunk)
-                )
-            )
-        return found
-
     def active_by_key(self, tenant: str, space: Space, key_ref: bytes) -> StoredRow | None:
         return self._one(
             f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE} AND r.key_ref = ? AND r.status = 'ACTIVE'",
