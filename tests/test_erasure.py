@@ -14,7 +14,7 @@ from deleatur.log.entries import Entry, EventType
 from deleatur.model import SpaceFilter
 from deleatur.rights.restriction import RestrictedSubjectError
 
-from .conftest import MASTER, FakeClock
+from .conftest import MASTER, FakeClock, store_files
 
 BASIS = "Art. 17(1)(a)"
 
@@ -302,6 +302,63 @@ def test_keys_left_pending_by_a_crash_are_destroyed_on_open(
     with Memory.open(store_path, from_bytes(MASTER)) as reopened:
         assert not reopened.keys.has_key(reopened.tenant, ref)
         assert reopened.erasure_request("DSAR-17").status is RequestStatus.COMPLETE
+
+
+def test_a_locked_key_store_leaves_the_erasure_pending_and_the_next_read_finishes_it(
+    memory: Memory, family: dict[str, str], store_path: Path
+) -> None:
+    """Another process holds the key store: the erasure commits, truncates the -wal and
+    reports keys_pending (not an internal error); a later status read in the same process
+    destroys the keys."""
+    import apsw
+
+    from deleatur import KeyStoreBusyError
+
+    holder = apsw.Connection(str(store_path) + ".keys")
+    holder.execute("BEGIN IMMEDIATE")
+    memory.keys._conn.set_busy_timeout(20)
+    with pytest.raises(KeyStoreBusyError):
+        memory.keys.destroy_ids([b"x" * 16])
+    request = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+    assert request.status is RequestStatus.KEYS_PENDING
+    assert memory.erasure_request("DSAR-17").status is RequestStatus.KEYS_PENDING  # still locked
+    with pytest.raises(NotFoundError):
+        memory.get(family["a1"])
+    assert b"phone" not in b"".join(p.read_bytes() for p in store_files(store_path))  # index terms
+    holder.execute("ROLLBACK")
+    holder.close()
+    done = memory.erasure_request("DSAR-17")
+    assert (done.status, done.counts["keys_destroyed"]) == (RequestStatus.COMPLETE, 2)  # Alice's and Digest's
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("alice smith"))
+    assert memory.certificate("DSAR-17")["certificate"]["erasure"]["key_destroyed"] is True
+
+
+def test_a_repeat_finishes_a_pending_erasure_and_truncates_the_wal(
+    memory: Memory, family: dict[str, str], store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur.erasure import engine
+
+    monkeypatch.setattr(engine, "settle", lambda memory, request: request)  # the process dies here
+    assert _erase(memory, "Alice Smith").request.status is RequestStatus.KEYS_PENDING  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    assert b"phone" in b"".join(p.read_bytes() for p in store_files(store_path))  # index terms, in old -wal frames
+    repeated = _erase(memory, "Alice Smith")
+    assert repeated.repeated and repeated.request.status is RequestStatus.COMPLETE  # type: ignore[attr-defined]
+    assert "wal_not_truncated" not in repeated.request.counts  # type: ignore[attr-defined]
+    assert b"phone" not in b"".join(p.read_bytes() for p in store_files(store_path))
+
+
+def test_an_erasure_does_not_count_the_keys_another_is_destroying(
+    memory: Memory, family: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur.erasure import engine
+
+    monkeypatch.setattr(engine, "settle", lambda memory, request: request)  # S1 is between commit and keys
+    first = _erase(memory, "Alice Smith", request_id="S1").request  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    second = _erase(memory, "Alice Smith", request_id="S2").request  # type: ignore[attr-defined]
+    assert (second.counts["records"], second.counts["keys_destroyed"]) == (0, 0)
+    assert memory.erasure_request("S1").counts["keys_destroyed"] == len(first.pending_keys) == 2
 
 
 def test_residue_scan_finds_untagged_mentions(memory: Memory, family: dict[str, str]) -> None:

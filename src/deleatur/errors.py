@@ -15,7 +15,8 @@ the shells map ``exit_code`` to the process exit status::
     │   └── SchemaVersionError           the store was written by a newer deleatur
     ├── KeyStoreError                    the keys protecting the store
     │   ├── MasterKeyError               exit 2: master key missing or wrong
-    │   └── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
+    │   ├── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
+    │   └── KeyStoreBusyError            another process holds the key store's lock
     ├── AuthenticationError              exit 3: no principal has this API key
     ├── AccessDeniedError                exit 3: the principal lacks a capability or
     │                                    scope (names which; the denial is audited)
@@ -97,6 +98,10 @@ class MasterKeyError(KeyStoreError):
 
 class DataKeyDestroyedError(KeyStoreError):
     """The subject's data key no longer exists, so its records cannot be read."""
+
+
+class KeyStoreBusyError(KeyStoreError):
+    """Another process held the key store's write lock for longer than the busy timeout."""
 
 
 class AuthenticationError(DeleaturError):

@@ -42,7 +42,7 @@ from .decisions.snapshots import explain as explain_decision
 from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
-from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids
+from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids, settle
 from .erasure.requests import ErasureRequest
 from .erasure.residue import ResidueHit, scan
 from .errors import (
@@ -1163,7 +1163,7 @@ class Memory:
     @guarded("erasure.certificate", (R, V), calls.of_request)
     def certificate(self, request_id: str) -> dict[str, Any]:
         """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
-        request = get_request(self, request_id)
+        request = settle(self, get_request(self, request_id))
         calls.name_request_users(self, request)
         return build_certificate(self, request)
 

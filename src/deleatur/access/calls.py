@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..erasure.engine import get_request
+from ..erasure.engine import get_request, settle
 from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, reached_users
 from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
 from ..log.entries import Entry, EventType
@@ -110,13 +110,13 @@ def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
     (it names the requester, and an error). Beyond them, missing or not, it is refused
     alike."""
     if memory.principal.scopes is None:
-        request = get_request(memory, request_id)
+        request = settle(memory, get_request(memory, request_id))
     else:
         row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
         found = None if row is None else ErasureRequest.from_row(row)
         if found is None or _within_scopes(memory, found) is None:
             raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
-        request = found.beyond_scopes_hidden()
+        request = settle(memory, found).beyond_scopes_hidden()
     name_request_users(memory, request)
     return request
 

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..clock import Clock, Random
-from ..errors import DataKeyDestroyedError, MasterKeyError, NotADeleaturStoreError
+from ..errors import DataKeyDestroyedError, KeyStoreBusyError, MasterKeyError, NotADeleaturStoreError
 from ..sqlitefile import connect, immediate, is_ours, scrub
 from .master import MasterKeySource
 
@@ -287,12 +287,15 @@ class KeyStore:
         ids = list(key_ids)
         if not ids:
             return 0
-        with immediate(self._conn):
-            gone = sum(
-                self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()
-                is not None
-                for key_id in ids
-            )
+        try:
+            with immediate(self._conn):
+                gone = sum(
+                    self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()
+                    is not None
+                    for key_id in ids
+                )
+        except apsw.BusyError:
+            raise KeyStoreBusyError("the key store is locked by another process; no key was destroyed") from None
         for key_id in ids:
             self._by_id.pop(key_id, None)
         scrub(self._conn)

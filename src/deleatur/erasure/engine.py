@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..access.principals import Role
 from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
-from ..errors import DeleaturError, InvalidInputError, NotFoundError
+from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError
 from ..log.entries import Entry, EventType
 from ..model import SpaceFilter, canonical_subject, check_note, forget_cached_subjects
 from .plan import ErasurePlan, build_plan
@@ -130,6 +130,28 @@ def finish_pending(memory: Memory, request: ErasureRequest) -> ErasureRequest:
     done = replace(request, status=RequestStatus.COMPLETE, completed_at=memory._clock(), counts=counts, pending_keys=())
     with memory.backend.atomic():
         memory.backend.put_request(done.to_row(), replace=True)
+    return done
+
+
+def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
+    """Finish what a committed erasure left pending: destroy its keys, then truncate the
+    -wal, so no page image of the erased rows stays in it (if another connection's read
+    snapshot prevents that, the request says so). If the key store stays locked, the -wal
+    is truncated all the same and the request stays ``keys_pending``: the next status
+    read, repeat or open finishes it."""
+    if request.status is not RequestStatus.KEYS_PENDING:
+        return request
+    try:
+        done = finish_pending(memory, request)
+    except KeyStoreBusyError:
+        done = request
+    counts = {k: v for k, v in done.counts.items() if k != "wal_not_truncated"}
+    if not memory.backend.scrub():
+        counts["wal_not_truncated"] = 1
+    if counts != done.counts:
+        done = replace(done, counts=counts)
+        with memory.backend.atomic():
+            memory.backend.put_request(done.to_row(), replace=True)
     return done
 
 
@@ -260,7 +282,9 @@ def erase(
             memory._purge(memory.backend.rows(memory.tenant, plan.ids))
             for ref in destroy:
                 memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
-            doomed_keys = memory.keys.key_ids(memory.tenant, sorted(destroy))
+            # A key that another committed erasure is destroying is that one's to count.
+            pending = pending_key_ids(memory)
+            doomed_keys = [k for k in memory.keys.key_ids(memory.tenant, sorted(destroy)) if k not in pending]
             now = memory._clock()
             redacted = redact_decisions(memory, plan.ids, request_id, now, events)
             moved = 0
@@ -297,7 +321,7 @@ def erase(
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
-        return _as_shown(memory, ErasureResult(finish_pending(memory, repeated), None, repeated=True))
+        return _as_shown(memory, ErasureResult(settle(memory, repeated), None, repeated=True))
     except (RequestIdReusedError, ConfirmationRequiredError):
         raise
     except DeleaturError as exc:
@@ -305,11 +329,4 @@ def erase(
             memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise
     forget_cached_subjects()
-    done = finish_pending(memory, request)
-    # Last, so no page image of the erased rows (nor of the request's update) stays in the
-    # -wal. If another connection's open read snapshot prevents it, the request says so.
-    if not memory.backend.scrub():
-        done = replace(done, counts={**done.counts, "wal_not_truncated": 1})
-        with memory.backend.atomic():
-            memory.backend.put_request(done.to_row(), replace=True)
-    return _as_shown(memory, ErasureResult(done, plan))
+    return _as_shown(memory, ErasureResult(settle(memory, request), plan))
