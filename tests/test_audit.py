@@ -134,6 +134,21 @@ def test_show_is_limited_to_the_callers_tenant(memory: Memory) -> None:
     assert seen[-1].entry.fields["actor"] == outsider.id
 
 
+def test_an_explicit_tenant_that_is_not_the_api_keys_is_refused(cli: Cli) -> None:
+    """Isolation holds either way; but an operator who names a tenant must not act on
+    another one believing it was the one named, the default included."""
+    assert cli("init")[0] == 0
+    code, out, _ = cli("principals", "create", "acme admin", "--role", "admin", "--in-tenant", "acme", "--json")
+    key = json.loads(out)["api_key"]
+    for named in ("default", "other"):
+        code, _, err = cli("--tenant", named, "--api-key", key, "remember", "x", "-s", "a")
+        assert code == 2 and f"belongs to tenant 'acme', not '{named}'" in err
+    assert cli("--api-key", key, "remember", "in acme", "-s", "a")[0] == 0
+    assert cli("--tenant", "acme", "--api-key", key, "recall", "acme")[0] == 0
+    code, out, _ = cli("--tenant", "acme", "list", "--json")
+    assert [r["text"] for r in json.loads(out)] == ["in acme"]
+
+
 def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli("init")[0] == 0
     assert cli("remember", "Alice likes tea", "-s", "Alice", "-u", "u1")[0] == 0

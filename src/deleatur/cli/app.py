@@ -40,6 +40,7 @@ from .common import (
     open_memory,
     out,
     read_text,
+    store_tenant,
     write_output,
 )
 from .logs import keys_app, log_app, witness_app
@@ -73,7 +74,7 @@ def init(as_json: JsonOpt = False) -> None:
     env_master = os.environ.get("DELEATUR_MASTER_KEY") or os.environ.get("DELEATUR_PASSPHRASE")
     master = from_environment(Options.store, Options.key_file) if env_master else None
     key_file = Options.key_file or default_key_file(Options.store)
-    memory, info = Memory.init(Options.store, master, key_file=key_file, tenant=Options.tenant)
+    memory, info = Memory.init(Options.store, master, key_file=key_file, tenant=store_tenant())
     memory.close()
     if as_json:
         emit(

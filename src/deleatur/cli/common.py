@@ -39,7 +39,7 @@ def _default_store() -> Path:
 
 class Options:
     store: Path = _default_store()
-    tenant: str = "default"
+    tenant: str | None = None  # None: not given (the default tenant, or the API key's)
     key_file: Path | None = None
     api_key: str | None = None
 
@@ -52,7 +52,10 @@ def _global(
             "--store", envvar="DELEATUR_STORE", help="Store file (default: $XDG_DATA_HOME/deleatur/memory.db)."
         ),
     ] = None,
-    tenant: Annotated[str, typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant.")] = "default",
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", envvar="DELEATUR_TENANT", help="Tenant (default: 'default', or the API key's)."),
+    ] = None,
     master_key_file: Annotated[
         Path | None,
         typer.Option(
@@ -78,15 +81,20 @@ def _global(
     Options.key_file = master_key_file
 
 
+def store_tenant() -> str:
+    """The tenant a handle opens on: --tenant, else the default one."""
+    return "default" if Options.tenant is None else Options.tenant
+
+
 @contextmanager
 def open_memory() -> Iterator[Memory]:
     master = from_environment(Options.store, Options.key_file)
-    with Memory.open(Options.store, master, tenant=Options.tenant) as memory:
+    with Memory.open(Options.store, master, tenant=store_tenant()) as memory:
         if Options.api_key is None:
             yield memory
             return
         principal = memory.authenticate(Options.api_key)
-        if Options.tenant not in ("default", principal.tenant):
+        if Options.tenant not in (None, principal.tenant):
             raise InvalidInputError(f"this API key belongs to tenant {principal.tenant!r}, not {Options.tenant!r}")
         yield memory.as_principal(principal)
 

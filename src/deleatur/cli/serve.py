@@ -17,7 +17,7 @@ from ..servers.http import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES, create_app
 from ..servers.mcp import build_server
 from ..servers.pool import HandlePool
 from ..servers.workers import listen, run_workers
-from .common import Options, app, err
+from .common import Options, app, err, store_tenant
 
 serve_app = typer.Typer(help="Serve the store over HTTP or MCP.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
@@ -36,7 +36,7 @@ def _opener() -> Callable[[], Memory]:
     master = from_environment(Options.store, Options.key_file)
 
     def open_memory() -> Memory:
-        return Memory.open(Options.store, master, tenant=Options.tenant)
+        return Memory.open(Options.store, master, tenant=store_tenant())
 
     open_memory().close()
     return open_memory
