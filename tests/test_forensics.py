@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Memory, NewMemory
+from deleatur import Memory, NewMemory, Space
 from deleatur.model import EVERYWHERE
 
 from .conftest import store_files
@@ -35,6 +35,17 @@ def _vocabulary(store_path: Path) -> str:
         conn.close()
 
 
+def _term(memory: Memory, word: str) -> str:
+    """The index term of ``word`` in the default space: the index holds no word itself."""
+    return memory._index_terms(Space(), [word])[0]
+
+
+def _stored(term: str) -> bytes:
+    """What of ``term`` is on disk whole: FTS5 stores a term after the prefix it shares with
+    the term before it (the space's token and, sorted among thousands, a few hex digits)."""
+    return term[-10:].encode()
+
+
 def _fill(memory: Memory, n: int) -> None:
     memory.remember_many(
         NewMemory(f"ordinary note number {i} about topic {i % 37}", subject=f"person {i % 50}") for i in range(n)
@@ -45,15 +56,18 @@ def test_hard_deleted_text_is_in_no_file_and_no_index(memory: Memory, store_path
     _fill(memory, 2000)
     doomed = memory.remember(f"Alice's code word is {SECRET}", subject="Alice")
     _fill(memory, 2000)
-    # Positive control: the term is really on disk (in the full-text index) before removal,
-    # so the absence below is a finding and not an artefact of where we looked.
-    assert SECRET.encode() in _raw(store_path)
-    assert SECRET in _vocabulary(store_path)
+    # Positive control: the word's term is really on disk (in the full-text index) before
+    # removal, so the absence below is a finding and not an artefact of where we looked;
+    # the word itself never is.
+    term = _term(memory, SECRET)
+    assert _stored(term) in _raw(store_path)
+    assert term in _vocabulary(store_path)
+    assert SECRET.encode() not in _raw(store_path)
 
     assert memory._hard_delete([doomed.id]) == 1
 
-    assert SECRET.encode() not in _raw(store_path)
-    assert SECRET not in _vocabulary(store_path)
+    assert _stored(term) not in _raw(store_path)
+    assert term not in _vocabulary(store_path)
     wal = store_path.with_name(store_path.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0
     assert len(memory.recall("ordinary note")) == 10  # the rest is intact
@@ -65,8 +79,8 @@ def test_retired_and_superseded_values_leave_the_index(memory: Memory, store_pat
     memory.forget(record_id=record.id)
     memory.backend.scrub()
     # Retired records stay in history (encrypted), but their terms are purged from the index.
-    assert SECRET not in _vocabulary(store_path)
-    assert SECRET.encode() not in _raw(store_path)
+    assert _term(memory, SECRET) not in _vocabulary(store_path)
+    assert _stored(_term(memory, SECRET)) not in _raw(store_path)
     assert memory.get(record.id).text == f"temporary {SECRET}"
 
 
@@ -84,8 +98,8 @@ def test_values_superseded_within_a_batch_leave_the_index(memory: Memory, store_
     )
     memory.backend.scrub()
     for word in (SECRET, SHORT_LIVED):
-        assert word not in _vocabulary(store_path)
-        assert word.encode() not in _raw(store_path)
+        assert _term(memory, word) not in _vocabulary(store_path)
+        assert _stored(_term(memory, word)) not in _raw(store_path)
     assert [h.record.id for h in memory.recall("value")] == [batch[2].id]
     assert [r.text for r in memory.history("a::code")] == [f"first {SECRET}", f"second {SHORT_LIVED}", "third value"]
 
@@ -95,9 +109,10 @@ def test_rectify_erase_previous_leaves_no_trace(memory: Memory, store_path: Path
     memory.remember(f"phone is {RECTIFIED}", subject="Alice", key="alice::phone")
     memory.remember("phone is superseded second", subject="Alice", key="alice::phone")
     # The active value is in the index; the superseded one was purged from it on supersession.
+    assert _stored(_term(memory, RECTIFIED)) in _raw(store_path)  # in the superseded value's old pages
     memory.rectify("alice::phone", "phone is +100", reason="inaccurate", actor="dpo", erase_previous=True)
-    assert RECTIFIED.encode() not in _raw(store_path)
-    assert RECTIFIED not in _vocabulary(store_path)
+    assert _stored(_term(memory, RECTIFIED)) not in _raw(store_path)
+    assert _term(memory, RECTIFIED) not in _vocabulary(store_path)
     assert [r.text for r in memory.history("alice::phone")] == ["phone is +100"]
 
 
@@ -123,16 +138,19 @@ def test_erasure_leaves_no_plaintext_and_shreds_old_backups(memory: Memory, stor
     backup_dir.mkdir()
     shutil.copy(store_path, backup_dir / "mem.db")  # a backup taken before the erasure
     raw = _raw(store_path)
-    assert secrets[0].encode() in raw  # positive control: the index held the active terms
-    assert secrets[3].encode() in raw
+    terms = [_term(memory, secret) for secret in secrets]
+    assert _stored(terms[0]) in raw  # positive control: the index held the active terms
+    assert _stored(terms[3]) in raw
+    assert not any(secret.encode() in raw for secret in secrets)  # and never the words
 
     memory.erase("Alice Quartermain", request_id="DSAR-17", basis="Art. 17(1)(a)", requester="dpo")
 
     raw = _raw(store_path)
     vocabulary = _vocabulary(store_path)
-    for secret in secrets:
+    for secret, term in zip(secrets, terms, strict=True):
         assert secret.encode() not in raw, secret
-        assert secret not in vocabulary, secret
+        assert _stored(term) not in raw, secret
+        assert term not in vocabulary, secret
     assert b"quartermain" not in raw.lower()
     for path in store_files(store_path):
         if path.name.endswith("-wal"):
@@ -162,3 +180,34 @@ def test_every_file_the_store_writes_is_owner_only(memory: Memory, store_path: P
     files = store_files(store_path)
     assert {p.name.removeprefix(store_path.name) for p in files} >= {"", "-wal", "-shm", ".keys"}
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: "0o600" for p in files}
+
+
+def test_the_store_files_hold_no_word_of_any_record(memory: Memory, store_path: Path) -> None:
+    """Records are encrypted and the index holds keyed hashes of their words: a live
+    record's words are in no byte either, in any space."""
+    memory.remember(f"Alice's code word is {SECRET}", subject="Alice", space=Space("u1", "bot"))
+    memory.remember(f"Bob's is {SHORT_LIVED}", subject="Bob")
+    _fill(memory, 300)
+    raw = _raw(store_path).lower()
+    for word in (SECRET, SHORT_LIVED, "alice", "ordinary", "topic"):
+        assert word.encode() not in raw, word
+    assert [h.record.subject for h in memory.recall(SECRET, space=Space("u1", "bot"))] == ["alice"]
+
+
+def test_an_erasure_over_many_index_pages_leaves_no_word(memory: Memory, store_path: Path) -> None:
+    """FTS5 keeps, as page separators in ft_idx, fragments of terms that secure-delete
+    removed, until it next merges their segment. With small pages many of an erased
+    subject's terms are separators; those fragments are of hashes, never of words."""
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute("INSERT INTO ft(ft, rank) VALUES ('pgsz', 64)")
+    for start in range(0, 300, 100):
+        memory.remember_many(
+            NewMemory(f"Zelda note {i} zqsecretword{i} xylophonique", subject="Zelda Quux")
+            for i in range(start, start + 100)
+        )
+        memory.remember("Bob likes tea", subject="Bob")
+    memory.erase("Zelda Quux", request_id="DSAR-Z", basis="Art. 17(1)(a)", requester="dpo")
+    raw = _raw(store_path).lower()
+    for word in (b"zqsecretword", b"xylophonique", b"zelda"):
+        assert word not in raw, word
+    assert [h.record.subject for h in memory.recall("tea")] == ["bob", "bob", "bob"]

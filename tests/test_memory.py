@@ -327,8 +327,7 @@ def test_recall_scores_are_fts5_bm25(memory: Memory) -> None:
     )
     backend = memory.backend
     assert isinstance(backend, SQLiteBackend)
-    prefix = memory._scope_token(Space())
-    phrases = [f'"{prefix}{word}"' for word in ("weather", "lyon", "alice")]
+    phrases = [f'"{term}"' for term in memory._index_terms(Space(), ["weather", "lyon", "alice"])]
     query = " OR ".join(phrases)
     # No term is capped here: recall gives FTS5's own ranking and scores.
     hits = memory.recall("weather Lyon alice", limit=10)

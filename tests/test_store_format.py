@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import apsw
@@ -179,3 +180,36 @@ def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> Non
         memory.remember("y", subject="b", space=Space("u1"))
         memory.erase("b", request_id="NEW-1", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
         assert memory.as_principal(principal).erasure_request("NEW-1").status.value == "complete"
+
+
+def test_a_v9_index_of_words_is_rebuilt_of_keyed_hashes_on_open(store_path: Path) -> None:
+    """Before v10 the full-text index held the words (with their space's token). Opening
+    such a store with its master key rebuilds the index, every tenant's, of hashes; the
+    words are then in no byte of the store's files and recall finds the same records."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        alice = memory.remember("Alice drinks quokkaberry tea", subject="Alice", space=Space("u1"))
+        memory.remember("retired quokkaberry note", subject="a")
+        memory.forget(record_id=memory.remember("gone quokkaberry", subject="b").id)
+        acme, _ = memory.create_principal("acme", Role.ADMIN, tenant="acme")
+        other = memory.as_principal(acme).remember("Acme's quokkaberry jam", subject="Jam")
+        old_index = []  # as v9 indexed a record: each word prefixed with its space's token
+        for rowid, row in memory.backend.indexed_rows():
+            view = memory._in_tenant(row.tenant)
+            words = re.findall(r"[^\W_]+", view._decrypt(row).text)
+            old_index.append((rowid, " ".join(view._scope_token(row.space) + word for word in words)))
+    conn = apsw.Connection(str(store_path))
+    conn.execute("PRAGMA secure_delete = ON")
+    conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
+    conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", old_index)
+    conn.execute("PRAGMA user_version = 9")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    assert b"quokkaberry" in b"".join(p.read_bytes() for p in store_files(store_path))  # the old index
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert _version(store_path) == max(schema.MIGRATIONS)
+        assert not memory.backend.index_holds_words()
+        assert [h.record.id for h in memory.recall("QUOKKABERRY", space=Space("u1"))] == [alice.id]
+        assert [h.record.id for h in memory.recall("quokkaberry")] != []
+        assert [h.record.id for h in memory.as_principal(acme).recall("quokkaberry")] == [other.id]
+    assert b"quokkaberry" not in b"".join(p.read_bytes() for p in store_files(store_path)).lower()

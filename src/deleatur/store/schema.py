@@ -195,6 +195,17 @@ def _v9(conn: apsw.Connection) -> None:
     conn.execute("ALTER TABLE erasure_requests ADD COLUMN users TEXT").fetchall()
 
 
+def _v10(conn: apsw.Connection) -> None:
+    """The full-text index holds keyed hashes of words, not the words. Rebuilding it
+    needs the keys, so the store is only marked here; opening it with the master key
+    rebuilds the index (``Memory``), then removes the mark. A store with nothing
+    indexed needs no rebuild."""
+    conn.execute(
+        "INSERT INTO meta(k, v) SELECT 'index_terms', 'words'"
+        " WHERE EXISTS (SELECT 1 FROM records WHERE status = 'ACTIVE')"
+    ).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -206,6 +217,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     7: _v7,
     8: _v8,
     9: _v9,
+    10: _v10,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

@@ -192,6 +192,25 @@ class SQLiteBackend:
             "INSERT INTO ft(rowid, body) VALUES (?, ?)", sorted(i for i in inserts if i[0] not in removed)
         )
 
+    def index_holds_words(self) -> bool:
+        """Whether the full-text index is still in its pre-v10 form (see schema._v10)."""
+        return self._conn.execute("SELECT 1 FROM meta WHERE k = 'index_terms'").fetchone() is not None
+
+    def indexed_rows(self) -> Iterator[tuple[int, StoredRow]]:
+        """Every record the full-text index holds (the active ones), with its rowid."""
+        for values in self._conn.execute(
+            f"SELECT r.rowid, {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.status = 'ACTIVE' ORDER BY r.rowid"
+        ):
+            yield int(values[0]), _row(values[1:])
+
+    def rebuild_index(self, entries: Iterable[tuple[int, str]]) -> None:
+        """Replace the whole full-text index with ``entries`` (rowid, index text), and
+        clear the mark of schema._v10, in one transaction."""
+        with immediate(self._conn):
+            self._conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
+            self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", entries)
+            self._conn.execute("DELETE FROM meta WHERE k = 'index_terms'")
+
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
             return
