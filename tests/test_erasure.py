@@ -10,9 +10,11 @@ import pytest
 from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
 from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
 from deleatur.erasure.requests import RequestStatus, one_month_after
+from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
 from deleatur.model import SpaceFilter
 from deleatur.rights.restriction import RestrictedSubjectError
+from deleatur.store.evidence import StoreEvidence
 
 from .conftest import MASTER, FakeClock, store_files
 
@@ -366,6 +368,43 @@ def test_an_erasure_does_not_count_the_keys_another_is_destroying(
     second = _erase(memory, "Alice Smith", request_id="S2").request  # type: ignore[attr-defined]
     assert (second.counts["records"], second.counts["keys_destroyed"]) == (0, 0)
     assert memory.erasure_request("S1").counts["keys_destroyed"] == len(first.pending_keys) == 2
+
+
+def test_lineage_survives_every_hard_delete_that_keeps_a_derived_record(
+    memory: Memory, clock: FakeClock, store_path: Path
+) -> None:
+    """A purge, a rectification's erase-previous and a space-limited erasure hard-delete a
+    record and keep what was derived from it: a later erasure of its subject still reaches
+    the derived records (through a stub of blind references), and the certificate holds."""
+    sam = memory.remember("Sam lives at Old Street", subject="Sam Soe", key="sam::addr")
+    route = memory.remember("Route 7 via Old Street for Sam", subject="Route 7", derived_from=[sam.id])
+    memory.rectify("sam::addr", "Sam lives at New Street", reason="wrong", actor="dpo", erase_previous=True)
+    tom = memory.remember("Tom's session", subject="Tom", expires_at=clock.now + 1_000_000)
+    summary = memory.remember("Summary of Tom's session", subject="Summary", derived_from=[tom.id])
+    ann = memory.remember("Ann's file", subject="Ann", space=Space("u1"))
+    note = memory.remember("Note from Ann's file", subject="Notes", derived_from=[ann.id], space=Space("u2"))
+    clock.advance(2)
+    assert memory.purge().request.record_ids == (tom.id,)  # type: ignore[union-attr]
+    _erase(memory, "Ann", scope=SpaceFilter("u1"), request_id="DSAR-ANN-U1")
+    for subject, derived, request_id in (
+        ("Sam Soe", route, "DSAR-SAM"),
+        ("Tom", summary, "DSAR-TOM"),
+        ("Ann", note, "DSAR-ANN"),
+    ):
+        plan = _erase(memory, subject, request_id=request_id, dry_run=True).plan  # type: ignore[attr-defined]
+        assert [r.id for r in plan.lineage] == [derived.id], subject
+        done = _erase(memory, subject, request_id=request_id).request  # type: ignore[attr-defined]
+        assert derived.id in done.record_ids
+        with pytest.raises(NotFoundError):
+            memory.get(derived.id, space=Space("u2") if subject == "Ann" else Space())
+        evidence = StoreEvidence(store_path)
+        report = verify_certificate(
+            memory.certificate(request_id), expected_key=memory.log.verifiers()[-1], store=evidence
+        )
+        evidence.close()
+        assert report.ok, report.lines()
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    assert conn.execute("SELECT count(*) FROM lineage_stubs").fetchall() == [(0,)]  # none left to serve
 
 
 def test_residue_scan_finds_untagged_mentions(memory: Memory, family: dict[str, str]) -> None:

@@ -169,6 +169,7 @@ def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> Non
         principal, _ = memory.create_principal("scoped", Role.VIEWER, scopes=["u1"])
     conn = apsw.Connection(str(store_path))
     conn.execute("ALTER TABLE erasure_requests DROP COLUMN users")
+    conn.execute("DROP TABLE lineage_stubs")  # v11's
     conn.execute("PRAGMA user_version = 8")
     conn.close()
     with Memory.open(store_path, from_bytes(MASTER)) as memory:
@@ -202,6 +203,7 @@ def test_a_v9_index_of_words_is_rebuilt_of_keyed_hashes_on_open(store_path: Path
     conn.execute("PRAGMA secure_delete = ON")
     conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
     conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", old_index)
+    conn.execute("DROP TABLE lineage_stubs")  # v11's
     conn.execute("PRAGMA user_version = 9")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

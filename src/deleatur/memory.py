@@ -87,7 +87,7 @@ from .model import (
 from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
-from .store.protocol import Backend, RowFilter, StoredRow
+from .store.protocol import Backend, LineageStub, RowFilter, SpaceRefs, StoredRow
 from .store.sqlite import SQLiteBackend
 
 _NONCE = 12
@@ -1095,12 +1095,32 @@ class Memory:
         self.backend.set_status(row.id, status, now)
 
     def _purge(self, rows: Iterable[StoredRow]) -> int:
-        """Hard-delete rows inside the caller's transaction; the caller scrubs after commit."""
+        """Hard-delete rows inside the caller's transaction; the caller scrubs after commit.
+        A row that records kept here still derive from leaves a stub (blind references of
+        its subject and space), so a later erasure of its subject still follows lineage."""
         doomed = list(rows)
         for row in doomed:
             if row.status is Status.ACTIVE:
                 self.backend.unindex(row.id, index_text=self._index_text(row.space, self._decrypt(row).text))
-        return self.backend.purge(row.id for row in doomed)
+        count = self.backend.purge(row.id for row in doomed)
+        derived_from = self.backend.still_derived_from(row.id for row in doomed)
+        if derived_from:
+            self.backend.add_stubs([self._stub(row) for row in doomed if row.id in derived_from])
+        return count
+
+    def _stub(self, row: StoredRow) -> LineageStub:
+        refs = self._space_refs(SpaceFilter(row.space.user_id, row.space.agent_id, row.space.run_id))
+        assert refs.user_ref is not None and refs.agent_ref is not None and refs.run_ref is not None
+        return LineageStub(row.id, row.tenant, row.subject_ref, refs.user_ref, refs.agent_ref, refs.run_ref)
+
+    def _space_refs(self, scope: SpaceFilter) -> SpaceRefs:
+        """``scope`` as the blind references lineage stubs keep."""
+        index = self.keys.index
+
+        def ref(level: str, value: str | None) -> bytes | None:
+            return None if value is None else index.ref("stub-" + level, self.tenant, value)
+
+        return SpaceRefs(ref("user", scope.user_id), ref("agent", scope.agent_id), ref("run", scope.run_id))
 
     def _hard_delete(self, record_ids: Iterable[str]) -> int:
         """The lowest-level delete: rows, lineage and index terms, then a scrub.

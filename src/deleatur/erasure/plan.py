@@ -138,10 +138,13 @@ class ErasurePlan:
         )
 
 
-def _closure(memory: Memory, seeds: list[StoredRow], scope: SpaceFilter) -> tuple[list[StoredRow], int]:
-    """Every record reached from ``seeds`` through declared lineage, transitively,
-    within the scope; and how many derived records lie outside it."""
-    seen = {r.id for r in seeds}
+def _closure(
+    memory: Memory, seeds: list[StoredRow], stubs: list[str], scope: SpaceFilter
+) -> tuple[list[StoredRow], int]:
+    """Every record reached from ``seeds`` and the lineage ``stubs`` (of records deleted
+    before) through declared lineage, transitively, within the scope; and how many
+    derived records lie outside it."""
+    seen = {r.id for r in seeds} | set(stubs)
     found: list[StoredRow] = []
     outside = 0
     frontier = list(seen)
@@ -176,7 +179,8 @@ def build_plan(
         outside = 0
     else:
         direct_rows = list(memory.backend.select_any(memory.tenant, scope, subject_ref=subject_ref))
-        lineage_rows, outside = _closure(memory, direct_rows, scope)
+        stubs = memory.backend.lineage_stubs(memory.tenant, subject_ref, memory._space_refs(scope))
+        lineage_rows, outside = _closure(memory, direct_rows, stubs, scope)
         kept_restricted = 0
     decrypted = {row.id: memory._decrypt(row) for row in (*direct_rows, *lineage_rows)}
 

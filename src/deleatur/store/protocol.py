@@ -20,6 +20,27 @@ Node = tuple[int, int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
+class LineageStub:
+    """A hard-deleted record others derive from: its subject and space, as blind references."""
+
+    id: str
+    tenant: str
+    subject_ref: bytes
+    user_ref: bytes
+    agent_ref: bytes
+    run_ref: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceRefs:
+    """A space filter as blind references; None matches any value at its level."""
+
+    user_ref: bytes | None
+    agent_ref: bytes | None
+    run_ref: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredRow:
     id: str
     tenant: str
@@ -172,7 +193,19 @@ class Backend(Protocol):
     def revoke_principal(self, tenant: str, principal_id: str, at: int) -> bool: ...
 
     def purge(self, record_ids: Iterable[str]) -> int:
-        """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows first)."""
+        """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows
+        first), and the lineage stubs nothing derives from any more."""
+        ...
+
+    def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
+        """Which of ``record_ids`` (hard-deleted) some record still derives from."""
+        ...
+
+    def add_stubs(self, stubs: Sequence[LineageStub]) -> None: ...
+
+    def lineage_stubs(self, tenant: str, subject_ref: bytes | None, space: SpaceRefs) -> list[str]:
+        """Ids of the stubs of ``subject_ref`` (any subject's, if None) in the spaces
+        ``space`` matches."""
         ...
 
     # -- the verifiable log (see deleatur.log.tlog) -------------------------------

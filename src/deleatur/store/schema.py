@@ -206,6 +206,25 @@ def _v10(conn: apsw.Connection) -> None:
     ).fetchall()
 
 
+def _v11(conn: apsw.Connection) -> None:
+    """Lineage stubs: a hard-deleted record that other records still derive from keeps
+    its subject and space, as blind references only, so that a later erasure of that
+    subject still finds what was derived from it (a purge, a rectification's
+    erase-previous or a space-limited erasure would otherwise cut the link)."""
+    for sql in (
+        """CREATE TABLE lineage_stubs(
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            subject_ref BLOB NOT NULL,
+            user_ref BLOB NOT NULL,
+            agent_ref BLOB NOT NULL,
+            run_ref BLOB NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX lineage_stubs_subject ON lineage_stubs(tenant, subject_ref)",
+    ):
+        conn.execute(sql).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -218,6 +237,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     8: _v8,
     9: _v9,
     10: _v10,
+    11: _v11,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

@@ -17,7 +17,7 @@ from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
 from ..sqlitefile import connect, immediate, scrub, sidecar_files
-from .protocol import Node, RowFilter, StoredRow
+from .protocol import LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
 _COLUMNS = (
@@ -651,7 +651,40 @@ class SQLiteBackend:
                 self._conn.execute("DELETE FROM records WHERE id = ? RETURNING 1", (record_id,)).fetchone() is not None
             )
             self._conn.execute("DELETE FROM lineage WHERE child = ?", (record_id,))
+        # A stub serves only while some record still derives from it.
+        self._conn.execute("DELETE FROM lineage_stubs WHERE id NOT IN (SELECT parent FROM lineage)")
         return count
+
+    def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        wanted = list(record_ids)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            found.update(
+                str(r[0]) for r in self._conn.execute(f"SELECT parent FROM lineage WHERE parent IN ({marks})", chunk)
+            )
+        return found
+
+    def add_stubs(self, stubs: Sequence[LineageStub]) -> None:
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO lineage_stubs(id, tenant, subject_ref, user_ref, agent_ref, run_ref)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(s.id, s.tenant, s.subject_ref, s.user_ref, s.agent_ref, s.run_ref) for s in stubs],
+        )
+
+    def lineage_stubs(self, tenant: str, subject_ref: bytes | None, space: SpaceRefs) -> list[str]:
+        sql, args = "SELECT id FROM lineage_stubs WHERE tenant = ?", list[Any]([tenant])
+        for column, value in (
+            ("subject_ref", subject_ref),
+            ("user_ref", space.user_ref),
+            ("agent_ref", space.agent_ref),
+            ("run_ref", space.run_ref),
+        ):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                args.append(value)
+        return sorted(str(r[0]) for r in self._conn.execute(sql, args))
 
     def data_version(self) -> int:
         for (value,) in self._conn.execute("PRAGMA data_version"):
