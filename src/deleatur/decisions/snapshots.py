@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -231,6 +231,41 @@ def _verified(memory: Memory, decision_id: str, row: dict[str, Any], verifiers: 
     return Decision(body, digest.hexdigest(), f"{signer.name}+{signer.key_id.hex()}")
 
 
+def _snapshots(
+    memory: Memory, decision_ids: Iterable[str]
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]]:
+    """Each snapshot's row, signed body, stored form and the hash of its body."""
+    for decision_id in decision_ids:
+        row = memory.backend.decision(memory.tenant, decision_id)
+        assert row is not None
+        body, stored = _open(memory, row)
+        yield row, body, stored, hashlib.sha256(canonical(body)).hexdigest()
+
+
+def _re_sign(
+    memory: Memory,
+    body: dict[str, Any],
+    stored: dict[str, Any],
+    space: Space,
+    *,
+    redaction: dict[str, Any],
+    events: Events,
+) -> None:
+    """Replace a snapshot with ``body`` (and its stored form) plus ``redaction``, re-signed,
+    and log the link from the hash of the body it replaces (``redaction["previous"]``)."""
+    body = {**body, "redactions": [*body["redactions"], redaction]}
+    stored = {**stored, "redactions": body["redactions"]}
+    digest = _store(memory, body, stored, space, (), replace=True)
+    fields = {
+        "tenant": memory.tenant,
+        "decision": body["id"],
+        "old": redaction["previous"],
+        "new": digest,
+        "request": redaction["request"],
+    }
+    events.append((Entry(EventType.REDACT, redaction["time"], fields), None))
+
+
 def pseudonymize_spaces(
     memory: Memory, scope: SpaceFilter, pseudonym: Callable[[str], str], events: Events, *, request_id: str, now: int
 ) -> int:
@@ -238,25 +273,13 @@ def pseudonymize_spaces(
     as the request's own pseudonyms (which nothing links back to the ids), re-signed, with
     a redaction that says so. Inside the erasure's transaction; returns how many."""
     moved = 0
-    for decision_id in memory.backend.decisions_in(memory.tenant, scope):
-        row = memory.backend.decision(memory.tenant, decision_id)
-        assert row is not None
-        body, stored = _open(memory, row)
-        previous = hashlib.sha256(canonical(body)).hexdigest()
+    for row, body, stored, previous in _snapshots(memory, memory.backend.decisions_in(memory.tenant, scope)):
         space = Space(*(pseudonym(name) if name else "" for name in (row["user_id"], row["agent_id"], row["run_id"])))
         named = {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
         redaction = {"by": "account erasure", "request": request_id, "records": [], "time": now, "previous": previous}
-        body = {**body, "space": named, "redactions": [*body["redactions"], redaction]}
-        stored = {**stored, "space": named, "redactions": body["redactions"]}
-        digest = _store(memory, body, stored, space, (), replace=True)
-        fields = {
-            "tenant": memory.tenant,
-            "decision": decision_id,
-            "old": previous,
-            "new": digest,
-            "request": request_id,
-        }
-        events.append((Entry(EventType.REDACT, now, fields), None))
+        _re_sign(
+            memory, {**body, "space": named}, {**stored, "space": named}, space, redaction=redaction, events=events
+        )
         moved += 1
     return moved
 
@@ -270,11 +293,7 @@ def redact(
     or a rectification's). Returns how many snapshots were redacted."""
     gone = set(erased)
     redacted = 0
-    for decision_id in memory.backend.decisions_using(memory.tenant, gone):
-        row = memory.backend.decision(memory.tenant, decision_id)
-        assert row is not None
-        body, stored = _open(memory, row)
-        previous = hashlib.sha256(canonical(body)).hexdigest()
+    for row, body, stored, previous in _snapshots(memory, memory.backend.decisions_using(memory.tenant, gone)):
         hit = sorted(b["record"] for b in body["beliefs"] if b["record"] in gone and not b["redacted"])
         if not hit:
             continue
@@ -285,17 +304,8 @@ def redact(
             for b in stored["beliefs"]
         ]
         redaction = {"by": by, "request": request_id, "records": hit, "time": now, "previous": previous}
-        body = {**body, "beliefs": new_beliefs, "redactions": [*body["redactions"], redaction]}
-        stored = {**stored, "beliefs": new_sealed, "redactions": body["redactions"]}
         space = Space(row["user_id"], row["agent_id"], row["run_id"])
-        digest = _store(memory, body, stored, space, (), replace=True)
-        fields = {
-            "tenant": memory.tenant,
-            "decision": decision_id,
-            "old": previous,
-            "new": digest,
-            "request": request_id,
-        }
-        events.append((Entry(EventType.REDACT, now, fields), None))
+        new_body, new_stored = {**body, "beliefs": new_beliefs}, {**stored, "beliefs": new_sealed}
+        _re_sign(memory, new_body, new_stored, space, redaction=redaction, events=events)
         redacted += 1
     return redacted
