@@ -156,6 +156,10 @@ def main() -> None:
         blob = b"".join(p.read_bytes() for p in Path(tmp).iterdir() if p.name.startswith("memory.db"))
         for needle in ("Alice Martin", "alice::phone", "+33 6 99 99 99 90", "prefers"):
             print(f"{needle!r} in any store file: {needle.encode() in blob}")
+        print("# Nor a word of Bob's live records: the full-text index holds keyed hashes of words")
+        for needle in ("refund", "shipped"):
+            print(f"{needle!r} in any store file: {needle.encode() in blob}")
+        run("recall", "refund")
 
         print("\nwalkthrough complete")
 
