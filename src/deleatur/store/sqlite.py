@@ -204,9 +204,9 @@ class SQLiteBackend:
             yield int(values[0]), _row(values[1:])
 
     def rebuild_index(self, entries: Iterable[tuple[int, str]]) -> None:
-        """Replace the whole full-text index with ``entries`` (rowid, index text), and
-        clear the mark of schema._v10, in one transaction."""
         with immediate(self._conn):
+            if not self.index_holds_words():
+                return  # another process rebuilt it while this one waited for the lock
             self._conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
             self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", entries)
             self._conn.execute("DELETE FROM meta WHERE k = 'index_terms'")
