@@ -34,6 +34,7 @@ from deleatur import (
 from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
+from deleatur.erasure.verify import verify_certificate
 
 from .conftest import Cli, FakeClock, store_files
 
@@ -507,16 +508,22 @@ def test_a_scoped_key_learns_nothing_of_a_subjects_records_beyond_its_scopes(mem
     records outside its scopes: a dry run would otherwise tell it whether, and how much,
     a person it names is known to other users. An unscoped key sees them."""
     memory.remember("Frank's file", subject="Frank", space=U2)
+    memory.remember("Frank's note", subject="Frank", space=U1)
     principal, _ = memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])
     view = memory.as_principal(principal)
     probe = view.erase("Frank", request_id="P-1", basis=BASIS, requester="t", scope=SpaceFilter("u1"), dry_run=True)
-    assert probe.plan is not None and probe.plan.total == 0
+    assert probe.plan is not None and probe.plan.total == 1
     assert (probe.plan.kept_elsewhere, probe.plan.outside_lineage) == (None, None)
     assert probe.plan.to_json()["kept_in_other_spaces"] is None
     done = view.erase("Frank", request_id="E-F", basis=BASIS, requester="t", scope=SpaceFilter("u1"))
     assert done.request is not None and "kept_in_other_spaces" not in done.request.counts
     assert "kept_in_other_spaces" not in view.erasure_request("E-F").counts
     assert all("kept_in_other_spaces" not in r.counts for r in view.erasure_requests())
+    certificate = view.certificate("E-F")["certificate"]
+    assert "kept_in_other_spaces" not in certificate["request"]["counts"]
+    assert "remain outside" not in certificate["scope_statement"]["text"]
+    assert verify_certificate(view.certificate("E-F"), expected_key=memory.log.verifiers()[-1]).ok
+    assert memory.certificate("E-F")["certificate"]["request"]["counts"]["kept_in_other_spaces"] == 1
     assert memory.erasure_request("E-F").counts["kept_in_other_spaces"] == 1
     unscoped = memory.erase(
         "Frank", request_id="P-2", basis=BASIS, requester="t", scope=SpaceFilter("u1"), dry_run=True

@@ -9,7 +9,7 @@ import pytest
 
 from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
 from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
-from deleatur.erasure.requests import RequestStatus, one_month_after
+from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
 from deleatur.model import SpaceFilter
@@ -367,7 +367,22 @@ def test_an_erasure_does_not_count_the_keys_another_is_destroying(
     monkeypatch.undo()
     second = _erase(memory, "Alice Smith", request_id="S2").request  # type: ignore[attr-defined]
     assert (second.counts["records"], second.counts["keys_destroyed"]) == (0, 0)
+    # ...and it finishes the one it found pending: the subject's key is gone when it ends.
+    row = memory.backend.get_request(memory.tenant, "S1")
+    assert row is not None and ErasureRequest.from_row(row).status is RequestStatus.COMPLETE
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("alice smith"))
     assert memory.erasure_request("S1").counts["keys_destroyed"] == len(first.pending_keys) == 2
+
+
+def test_a_wal_left_untruncated_is_truncated_by_the_next_status_read(
+    memory: Memory, family: dict[str, str], store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory.backend, "scrub", lambda: False)  # a reader holds a snapshot
+    done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+    assert done.counts["wal_not_truncated"] == 1
+    monkeypatch.undo()
+    assert "wal_not_truncated" not in memory.erasure_request("DSAR-17").counts
+    assert not _on_disk(memory, store_path, "phone")
 
 
 def test_lineage_survives_every_hard_delete_that_keeps_a_derived_record(

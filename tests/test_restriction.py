@@ -81,6 +81,11 @@ def test_deriving_from_a_restricted_subjects_record_is_refused_unless_for_a_lega
     assert list(memory.list(subject="Scoring")) == []
     claim = memory.remember("Evidence summary", subject="Scoring", derived_from=[source.id], for_legal_claim=True)
     assert claim.derived_from == (source.id,)
+    # A correction of a value derived from it derives from it too.
+    keyed = memory.remember("Score 3", subject="Scoring", key="score", derived_from=[source.id], for_legal_claim=True)
+    with pytest.raises(RestrictedSubjectError):
+        memory.rectify("score", "Score 4", reason="fix", actor="dpo")
+    assert memory.rectify("score", "Score 4", reason="fix", actor="dpo", for_legal_claim=True).supersedes == keyed.id
 
 
 def test_restrictions_are_logged_by_pseudonym_and_reason_is_encrypted(memory: Memory, store_path: Path) -> None:

@@ -1036,6 +1036,9 @@ class Memory:
             check_writable(self, [current_row.subject_ref], for_legal_claim=None if erase_previous else for_legal_claim)
             self._ids.after(self.backend.newest_id())
             current = self._decrypt(current_row)
+            # The correction derives from what the value did: restricted sources stay unused.
+            sources = self.backend.rows(self.tenant, current.derived_from)
+            check_writable(self, [row.subject_ref for row in sources], for_legal_claim=for_legal_claim)
             item = NewMemory(
                 text=text,
                 subject=current.subject_original,
@@ -1224,7 +1227,8 @@ class Memory:
         """A portable, signed erasure certificate (see :mod:`deleatur.erasure.certificate`)."""
         request = settle(self, get_request(self, request_id))
         calls.name_request_users(self, request)
-        return build_certificate(self, request)
+        # A key scoped to users gets a certificate without the counts beyond its scopes.
+        return build_certificate(self, request if self.principal.scopes is None else request.beyond_scopes_hidden())
 
     @guarded("erasure.residue", R)
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:

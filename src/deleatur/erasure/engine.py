@@ -139,12 +139,15 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
     snapshot prevents that, the request says so). If the key store stays locked, the -wal
     is truncated all the same and the request stays ``keys_pending``: the next status
     read, repeat or open finishes it."""
-    if request.status is not RequestStatus.KEYS_PENDING:
+    if request.status is RequestStatus.KEYS_PENDING:
+        try:
+            done = finish_pending(memory, request)
+        except KeyStoreBusyError:
+            done = request
+    elif "wal_not_truncated" in request.counts:
+        done = request  # a reader kept the -wal from being truncated: try again
+    else:
         return request
-    try:
-        done = finish_pending(memory, request)
-    except KeyStoreBusyError:
-        done = request
     counts = {k: v for k, v in done.counts.items() if k != "wal_not_truncated"}
     if not memory.backend.scrub():
         counts["wal_not_truncated"] = 1
@@ -282,9 +285,12 @@ def erase(
             memory._purge(memory.backend.rows(memory.tenant, plan.ids))
             for ref in destroy:
                 memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
-            # A key that another committed erasure is destroying is that one's to count.
+            # A key that another committed erasure is destroying is that one's to count
+            # (this one finishes that erasure below).
             pending = pending_key_ids(memory)
-            doomed_keys = [k for k in memory.keys.key_ids(memory.tenant, sorted(destroy)) if k not in pending]
+            wanted = memory.keys.key_ids(memory.tenant, sorted(destroy))
+            doomed_keys = [k for k in wanted if k not in pending]
+            others_pending = len(doomed_keys) < len(wanted)
             now = memory._clock()
             redacted = redact_decisions(memory, plan.ids, request_id, now, events)
             moved = 0
@@ -298,7 +304,7 @@ def erase(
                 "records": plan.total,
                 "direct": len(plan.direct),
                 "lineage": len(plan.lineage),
-                "keys_to_destroy": len(destroy),
+                "keys_to_destroy": len(doomed_keys),
                 "subjects": plan.subjects,
                 "kept_in_other_spaces": plan.kept_elsewhere,
                 "derived_outside_scope": plan.outside_lineage,
@@ -329,4 +335,7 @@ def erase(
             memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise
     forget_cached_subjects()
+    if others_pending:
+        for row in memory.backend.pending_requests():
+            settle(memory, ErasureRequest.from_row(row))
     return _as_shown(memory, ErasureResult(settle(memory, request), plan))

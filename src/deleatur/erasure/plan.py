@@ -134,7 +134,7 @@ class ErasurePlan:
             subjects=data["subjects"],
             kept_elsewhere=data["kept_in_other_spaces"],
             outside_lineage=data["derived_outside_scope"],
-            kept_restricted=data["kept_restricted"],
+            kept_restricted=data.get("kept_restricted", 0),  # absent from servers before it
         )
 
 

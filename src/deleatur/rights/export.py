@@ -25,8 +25,8 @@ time, never all held in memory) and never truncated. Two formats:
   ``audit.csv`` and ``manifest.json`` (format, scope and counts). Every table has
   its header row, an empty one too.
 
-Export files are made readable by their owner only (0600; a CSV bundle's directory
-0700): they hold a person's data in clear.
+Export files are made readable by their owner only (0600; a CSV bundle's directory,
+when the export creates it, 0700): they hold a person's data in clear.
 
 The export itself is logged (what kind, how many records; no name).
 """

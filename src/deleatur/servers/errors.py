@@ -63,7 +63,7 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     DataKeyDestroyedError: (410, "data_key_destroyed"),
     MasterKeyError: (503, "master_key_error"),
     KeyStoreError: (500, "key_store_error"),
-    KeyStoreBusyError: (503, "busy"),
+    KeyStoreBusyError: (503, "key_store_busy"),
     StoreError: (503, "store_unavailable"),
     ServerBusyError: (503, "busy"),
     IntegrityError: (500, "integrity_error"),
