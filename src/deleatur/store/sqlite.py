@@ -138,6 +138,20 @@ def _row(values: tuple[Any, ...]) -> StoredRow:
     )
 
 
+def _equal_where_given(pairs: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
+    """`` AND column = ?`` for each (column, value) whose value is not None (a filter
+    leaves a level open with None), and the values to bind."""
+    given = [(column, value) for column, value in pairs if value is not None]
+    return "".join(f" AND {column} = ?" for column, _ in given), [value for _, value in given]
+
+
+def _chunks(ids: Iterable[str]) -> Iterator[list[str]]:
+    """``ids`` in lists short enough to bind in one IN (...)."""
+    wanted = list(dict.fromkeys(ids))
+    for start in range(0, len(wanted), 500):
+        yield wanted[start : start + 500]
+
+
 def _space_args(tenant: str, space: Space) -> tuple[str, str, str, str]:
     return (tenant, space.user_id, space.agent_id, space.run_id)
 
@@ -421,19 +435,18 @@ class SQLiteBackend:
         ]
 
     def select_any(self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None) -> Iterator[StoredRow]:
-        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ?"
-        args: list[Any] = [tenant]
-        if subject_ref is not None:
-            sql += " AND r.subject_ref = ?"
-            args.append(subject_ref)
-        for column in ("user_id", "agent_id", "run_id"):
-            value = getattr(where, column)
-            if value is not None:
-                sql += f" AND r.{column} = ?"
-                args.append(value)
+        filters, args = _equal_where_given(
+            [
+                ("r.subject_ref", subject_ref),
+                ("r.user_id", where.user_id),
+                ("r.agent_id", where.agent_id),
+                ("r.run_id", where.run_id),
+            ]
+        )
+        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ?{filters}"
         # Insertion order (rowid), which the (tenant, user_id) and (tenant, subject_ref)
         # indexes hold: no sort, so rows stream with flat memory.
-        for values in self._conn.execute(sql + " ORDER BY r.rowid", args):
+        for values in self._conn.execute(sql + " ORDER BY r.rowid", (tenant, *args)):
             yield _row(values)
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
@@ -456,9 +469,7 @@ class SQLiteBackend:
 
     def children(self, tenant: str, parents: Iterable[str]) -> set[str]:
         found: set[str] = set()
-        wanted = list(parents)
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
+        for chunk in _chunks(parents):
             # Probe lineage by parent first (its index), then keep the tenant's rows: a
             # plain join lets the planner scan the tenant's records instead.
             rows = self._conn.execute(
@@ -471,9 +482,7 @@ class SQLiteBackend:
 
     def rows(self, tenant: str, ids: Iterable[str]) -> list[StoredRow]:
         out: list[StoredRow] = []
-        wanted = list(dict.fromkeys(ids))
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
+        for chunk in _chunks(ids):
             out += [
                 _row(v)
                 for v in self._conn.execute(
@@ -608,12 +617,11 @@ class SQLiteBackend:
 
     def decisions_in(self, tenant: str, scope: SpaceFilter) -> list[str]:
         # No index: only an account erasure asks, and it reads the tenant's decisions once.
-        sql, args = "SELECT id FROM decisions WHERE tenant = ?", [tenant]
-        for column, value in (("user_id", scope.user_id), ("agent_id", scope.agent_id), ("run_id", scope.run_id)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                args.append(value)
-        return sorted(str(r[0]) for r in self._conn.execute(sql, args))
+        filters, args = _equal_where_given(
+            [("user_id", scope.user_id), ("agent_id", scope.agent_id), ("run_id", scope.run_id)]
+        )
+        rows = self._conn.execute(f"SELECT id FROM decisions WHERE tenant = ?{filters}", (tenant, *args))
+        return sorted(str(r[0]) for r in rows)
 
     def put_principal(self, row: Mapping[str, Any]) -> None:
         self._conn.execute(
@@ -652,18 +660,17 @@ class SQLiteBackend:
             )
             self._conn.execute("DELETE FROM lineage WHERE child = ?", (record_id,))
         # A stub serves only while some record still derives from it.
-        self._conn.execute("DELETE FROM lineage_stubs WHERE id NOT IN (SELECT parent FROM lineage)")
+        # (Correlated, so each stub is one probe of lineage_parent, not a list of every parent.)
+        self._conn.execute(
+            "DELETE FROM lineage_stubs WHERE NOT EXISTS (SELECT 1 FROM lineage WHERE parent = lineage_stubs.id)"
+        )
         return count
 
     def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
         found: set[str] = set()
-        wanted = list(record_ids)
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            marks = ", ".join("?" * len(chunk))
-            found.update(
-                str(r[0]) for r in self._conn.execute(f"SELECT parent FROM lineage WHERE parent IN ({marks})", chunk)
-            )
+        for chunk in _chunks(record_ids):
+            sql = f"SELECT parent FROM lineage WHERE parent IN ({', '.join('?' * len(chunk))})"
+            found.update(str(r[0]) for r in self._conn.execute(sql, chunk))
         return found
 
     def add_stubs(self, stubs: Sequence[LineageStub]) -> None:
@@ -674,17 +681,16 @@ class SQLiteBackend:
         )
 
     def lineage_stubs(self, tenant: str, subject_ref: bytes | None, space: SpaceRefs) -> list[str]:
-        sql, args = "SELECT id FROM lineage_stubs WHERE tenant = ?", list[Any]([tenant])
-        for column, value in (
-            ("subject_ref", subject_ref),
-            ("user_ref", space.user_ref),
-            ("agent_ref", space.agent_ref),
-            ("run_ref", space.run_ref),
-        ):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                args.append(value)
-        return sorted(str(r[0]) for r in self._conn.execute(sql, args))
+        filters, args = _equal_where_given(
+            [
+                ("subject_ref", subject_ref),
+                ("user_ref", space.user_ref),
+                ("agent_ref", space.agent_ref),
+                ("run_ref", space.run_ref),
+            ]
+        )
+        rows = self._conn.execute(f"SELECT id FROM lineage_stubs WHERE tenant = ?{filters}", (tenant, *args))
+        return sorted(str(r[0]) for r in rows)
 
     def data_version(self) -> int:
         for (value,) in self._conn.execute("PRAGMA data_version"):
