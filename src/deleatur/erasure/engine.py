@@ -159,12 +159,10 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
 
 
 def finish_all_pending(memory: Memory) -> None:
-    """On open: finish what a crash interrupted, for every tenant, then scrub."""
-    pending = memory.backend.pending_requests()
-    for row in pending:
-        finish_pending(memory, ErasureRequest.from_row(row))
-    if pending:
-        memory.backend.scrub()
+    """Settle every request left keys_pending, every tenant's: on open, what a crash
+    interrupted; after an erasure, one whose keys it found pending."""
+    for row in memory.backend.pending_requests():
+        settle(memory, ErasureRequest.from_row(row))
 
 
 def pending_key_ids(memory: Memory) -> set[bytes]:
@@ -336,6 +334,5 @@ def erase(
         raise
     forget_cached_subjects()
     if others_pending:
-        for row in memory.backend.pending_requests():
-            settle(memory, ErasureRequest.from_row(row))
+        finish_all_pending(memory)
     return _as_shown(memory, ErasureResult(settle(memory, request), plan))
