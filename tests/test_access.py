@@ -548,3 +548,44 @@ def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None
             view.erasure_request(other)
         assert denied.value.missing == "scope"
         assert "E-" not in denied.value.message
+
+
+def test_an_account_erasure_leaves_no_principal_naming_the_user(memory: Memory, store_path: Path) -> None:
+    """A user id can name a person: the keys scoped to an erased account keep that scope
+    only as the user's blind reference. They reach what they reached before (their own
+    erasure's status and certificate, the same user id if it is used again), and their
+    calls are audited under the same user token."""
+    own, _ = memory.create_principal("app for Zebu", Role.MEMBER, scopes=["cust_zebu77"])
+    both, _ = memory.create_principal("support", Role.MEMBER, scopes=["cust_zebu77", "u2"])
+    other, _ = memory.create_principal("u2 only", Role.MEMBER, scopes=["u2"])
+    view = memory.as_principal(own)
+    view.remember("Zebu's parcel goes to Quokkafield", subject="Zebu", space=Space("cust_zebu77"))
+    token = memory._user_token("cust_zebu77")
+    result = view.erase_all(user_id="cust_zebu77", request_id="ACC-Z", basis=BASIS, requester="Zebu")
+    assert result.request is not None and result.request.counts["principals_rescoped"] == 2
+    scopes = {p.id: p.scopes for p in memory.principals()}
+    assert scopes[other.id] == frozenset({"u2"})
+    (marker,) = scopes[own.id] or ()
+    assert marker.startswith("erased-user:") and scopes[both.id] == {marker, "u2"}
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert b"cust_zebu77" not in blob and b"Quokkafield" not in blob
+    # The key as reloaded from the store still follows its erasure, audited as before.
+    view = memory.as_principal(next(p for p in memory.principals() if p.id == own.id))
+    assert view.erasure_request("ACC-Z").status.value == "complete"
+    assert verify_certificate(view.certificate("ACC-Z"), expected_key=memory.log.verifiers()[-1]).ok
+    assert _last_call(memory).fields["users"] == [token]
+    assert [r.id for r in view.erasure_requests()] == ["ACC-Z"]
+    view.remember("a new account under the same id", subject="Zebu", space=Space("cust_zebu77"))
+    assert _last_call(memory).fields["users"] == [token]
+    with pytest.raises(AccessDeniedError):
+        view.remember("another user's", subject="Oz", space=U2)
+    # An erasure of one agent's spaces leaves the account, and its keys' scopes, as they are.
+    memory.erase_all(user_id="u2", agent_id="a1", request_id="ACC-A", basis=BASIS, requester="dpo")
+    assert {p.id: p.scopes for p in memory.principals()}[other.id] == frozenset({"u2"})
+
+
+def test_a_scope_cannot_be_made_to_look_like_an_erased_user(memory: Memory) -> None:
+    with pytest.raises(InvalidInputError, match="erased-user:"):
+        memory.create_principal("sneaky", Role.MEMBER, scopes=["erased-user:" + "0" * 64])
+    assert [p.name for p in memory.principals() if p.name == "sneaky"] == []

@@ -30,6 +30,7 @@ from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
 from .access.principals import (
+    ERASED_USER,
     Capability,
     Principal,
     Role,
@@ -388,7 +389,13 @@ class Memory:
         calls.name_subject(self, subject)
 
     def _user_token(self, user_id: str) -> str:
+        if user_id.startswith(ERASED_USER):  # a scope kept by reference (see admin.rescope_erased_user)
+            return self.keys.index.token("user", bytes.fromhex(user_id.removeprefix(ERASED_USER)))
         return self._token("user", user_id)
+
+    def _user_ref(self, user_id: str) -> str:
+        """A user id's full blind reference (hex): how erasure requests and erased scopes keep it."""
+        return self.keys.index.ref("user", self.tenant, user_id).hex()
 
     # -- the signing key and the log ---------------------------------------------
 
@@ -865,10 +872,10 @@ class Memory:
         for parent in lineage:
             if not is_record_id(parent):
                 raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
-        scopes = self.principal.scopes
         # A scoped key may derive only from records it may see: a record outside its
         # scopes reads as unknown, so lineage cannot probe, or link into, other users.
-        sources = [r for r in self.backend.rows(self.tenant, lineage) if scopes is None or r.space.user_id in scopes]
+        rows = self.backend.rows(self.tenant, lineage)
+        sources = [r for r in rows if self.principal.covers([r.space.user_id], self._user_ref)]
         missing = lineage - {row.id for row in sources}
         if missing:
             raise NotFoundError(f"derived_from names unknown record id {sorted(missing)[0]}")

@@ -10,6 +10,7 @@ from ..errors import AuthenticationError, InvalidInputError, NotFoundError
 from ..model import Space
 from .calls import deny, refused_key
 from .principals import (
+    ERASED_USER,
     Principal,
     Role,
     check_principal_name,
@@ -64,6 +65,8 @@ def create(
     wanted = None if scopes is None else frozenset(scopes)
     if wanted is not None and not wanted:
         raise InvalidInputError("scopes, when given, must name at least one user id")
+    if wanted is not None and any(s.startswith(ERASED_USER) for s in wanted):
+        raise InvalidInputError(f"a scope may not start with {ERASED_USER!r}: it marks an erased user")
     principal_id = memory._ids.new().replace("-", "")
     principal = Principal(
         principal_id,

@@ -17,7 +17,7 @@ from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import canonical_subject
 from .guard import Call
-from .principals import Capability, Principal
+from .principals import ERASED_USER, Capability, Principal
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -59,7 +59,7 @@ def enter(
     else:
         call.users = tuple(users)
         problem, missing = None, ""
-        if not principal.covers(call.users):
+        if not principal.covers(call.users, memory._user_ref):
             problem, missing = "reaches a user outside this key's scopes", "scope"
     if problem is not None:
         call.outcome, call.error = "denied", missing
@@ -79,7 +79,8 @@ def _within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] |
     scopes = memory.principal.scopes
     if scopes is None or request.users is None:
         return None
-    named = reached_users(memory, scopes)
+    named = reached_users(memory, [s for s in scopes if not s.startswith(ERASED_USER)])
+    named.update({s.removeprefix(ERASED_USER): s for s in scopes if s.startswith(ERASED_USER)})
     return tuple(named[ref] for ref in request.users) if all(ref in named for ref in request.users) else None
 
 

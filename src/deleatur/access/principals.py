@@ -12,18 +12,26 @@ import base64
 import enum
 import hashlib
 import hmac
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
 from ..model import Space, check_name
+
+if TYPE_CHECKING:
+    from ..memory import Memory
 
 KEY_PREFIX = "dlt_"
 SECRET_BYTES = 32
 _KEY = re.compile(r"dlt_([0-9a-f]{32})_([A-Za-z0-9_-]{43})")
 #: The id of the principal a local shell acts as: the deployment's operator.
 OPERATOR_ID = "local-operator"
+#: A scope whose user an account erasure reached: kept as the user's blind reference
+#: (hex) after this prefix, never by name. It still covers that user id, as before.
+ERASED_USER = "erased-user:"
 
 
 class Capability(enum.StrEnum):
@@ -72,7 +80,8 @@ class Principal:
         object.__setattr__(self, "tenant", Space(user_id=self.tenant).user_id)
         object.__setattr__(self, "role", Role(self.role))
         if self.scopes is not None:
-            object.__setattr__(self, "scopes", frozenset(Space(user_id=u).user_id for u in self.scopes))
+            scopes = frozenset(u if u.startswith(ERASED_USER) else Space(user_id=u).user_id for u in self.scopes)
+            object.__setattr__(self, "scopes", scopes)
 
     @classmethod
     def local_operator(cls, tenant: str) -> Principal:
@@ -82,9 +91,14 @@ class Principal:
     def capabilities(self) -> frozenset[Capability]:
         return ROLE_CAPABILITIES[self.role]
 
-    def covers(self, user_ids: Iterable[str]) -> bool:
-        """Whether every one of ``user_ids`` is within this principal's scopes."""
-        return self.scopes is None or all(u in self.scopes for u in user_ids)
+    def covers(self, user_ids: Iterable[str], user_ref: Callable[[str], str]) -> bool:
+        """Whether every one of ``user_ids`` is within this principal's scopes; ``user_ref``
+        gives a user id's blind reference (hex), for the scopes whose user was erased."""
+        scopes = self.scopes
+        if scopes is None:
+            return True
+        erased = any(s.startswith(ERASED_USER) for s in scopes)
+        return all(u in scopes or (erased and ERASED_USER + user_ref(u) in scopes) for u in user_ids)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -136,3 +150,18 @@ def split_api_key(api_key: str) -> tuple[str, str]:
 
 def digest_matches(stored: bytes, secret_text: str) -> bool:
     return hmac.compare_digest(stored, secret_digest(secret_text))
+
+
+def rescope_erased_user(memory: Memory, user_id: str) -> int:
+    """An account erasure's: the principals scoped to the erased user keep that scope only
+    by the user's blind reference, so no principal names the user any more, and each
+    covers the same user ids as before. Inside the erasure's transaction; returns how many."""
+    marker = ERASED_USER + memory._user_ref(user_id)
+    changed = 0
+    for row in memory.backend.principals(memory.tenant):
+        scopes = None if row["scopes"] is None else json.loads(row["scopes"])
+        if scopes is not None and user_id in scopes:
+            rescoped = sorted({marker if s == user_id else s for s in scopes})
+            memory.backend.set_principal_scopes(memory.tenant, str(row["id"]), json.dumps(rescoped))
+            changed += 1
+    return changed

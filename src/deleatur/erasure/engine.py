@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..access.principals import Role
+from ..access.principals import Role, rescope_erased_user
 from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError
@@ -291,9 +291,11 @@ def erase(
             others_pending = len(doomed_keys) < len(wanted)
             now = memory._clock()
             redacted = redact_decisions(memory, plan.ids, request_id, now, events)
-            moved = 0
+            moved = rescoped = 0
             if kind is RequestKind.ACCOUNT:
                 moved = pseudonymize_spaces(memory, scope, space_pseudonym, events, request_id=request_id, now=now)
+                if scope.user_id is not None and scope.agent_id is None and scope.run_id is None:
+                    rescoped = rescope_erased_user(memory, scope.user_id)
             first = memory.backend.log_size() + len(events)
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
             events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
@@ -310,6 +312,7 @@ def erase(
             }
             if kind is RequestKind.ACCOUNT:
                 counts["decisions_pseudonymized"] = moved
+                counts["principals_rescoped"] = rescoped
             if kind is RequestKind.RETENTION:
                 counts["kept_restricted"] = plan.kept_restricted
             events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))

@@ -50,7 +50,7 @@ def check_request_id(value: str) -> str:
 def reached_users(memory: Memory, user_ids: Iterable[str]) -> dict[str, str]:
     """Users as an erasure request keeps them: full blind references (not the audit
     log's short tokens, since they decide who may read the request), by reference."""
-    return {memory.keys.index.ref("user", memory.tenant, user).hex(): user for user in user_ids}
+    return {memory._user_ref(user): user for user in user_ids}
 
 
 def one_month_after(micros: int) -> int:

@@ -195,6 +195,8 @@ class Backend(Protocol):
 
     def revoke_principal(self, tenant: str, principal_id: str, at: int) -> bool: ...
 
+    def set_principal_scopes(self, tenant: str, principal_id: str, scopes: str) -> None: ...
+
     def purge(self, record_ids: Iterable[str]) -> int:
         """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows
         first), and the lineage stubs nothing derives from any more."""

@@ -652,6 +652,11 @@ class SQLiteBackend:
             is not None
         )
 
+    def set_principal_scopes(self, tenant: str, principal_id: str, scopes: str) -> None:
+        self._conn.execute(
+            "UPDATE principals SET scopes = ? WHERE tenant = ? AND id = ?", (scopes, tenant, principal_id)
+        ).fetchall()
+
     def purge(self, record_ids: Iterable[str]) -> int:
         count = 0
         for record_id in dict.fromkeys(record_ids):
