@@ -140,7 +140,7 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
             None,
             'metadata repeats a key in one object: "b"',
         ),
-        (("remember", "t", "-s", "a", "--expires-at", "soon"), None, "--expires-at"),
+        (("remember", "t", "-s", "a", "--expires-at", "soon"), None, "expires_at: 'soon' is neither"),
         (("remember", "t", "-s", "a", "--expires-at", "99999999d"), None, "'99999999d' is after the year 9999"),
         (("remember", "t", "-s", "a", "--expires-at", "0001-01-01"), None, "'0001-01-01' is before 1970"),
         (("remember", "t", "-s", "a", "--confidence", "2"), None, "between 0 and 1"),

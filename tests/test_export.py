@@ -119,6 +119,41 @@ def test_a_failed_export_writes_no_file_and_keeps_an_earlier_one(cli: Cli, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_a_csv_export_that_fails_halfway_leaves_no_bundle(
+    populated: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole or absent, as the JSON export: a half-written bundle would look like a
+    complete answer to an Art. 15 request."""
+    from deleatur.rights import export as export_module
+
+    real = export_module._write_table
+
+    def failing(path: Path, rows: list[dict[str, object]]) -> None:
+        if path.name == "decisions.csv":
+            raise OSError(28, "No space left on device")
+        real(path, rows)
+
+    monkeypatch.setattr(export_module, "_write_table", failing)
+    entries = populated.backend.log_size()
+    out = tmp_path / "exports"
+    out.mkdir()
+    with pytest.raises(OSError, match="No space left"):
+        populated.export_csv(out / "bundle", subject="Alice")
+    (out / "empty").mkdir(mode=0o755)
+    with pytest.raises(OSError, match="No space left"):
+        populated.export_csv(out / "empty", subject="Alice")
+    assert sorted(p.name for p in out.iterdir()) == ["empty"]  # no bundle, no partial directory
+    assert list((out / "empty").iterdir()) == []
+    # The failed exports are audited as failed calls, not as exports.
+    logged = [Entry.decode(raw) for _, raw in populated.backend.log_entries(entries)]
+    assert [e.type for e in logged] == [EventType.CALL, EventType.CALL]
+    assert {e.fields["outcome"] for e in logged} == {"failed"}
+    monkeypatch.undo()
+    populated.export_csv(out / "empty", subject="Alice")  # an empty directory is taken, made private
+    assert stat.S_IMODE((out / "empty").stat().st_mode) == 0o700
+    assert len(list((out / "empty").iterdir())) == 7
+
+
 def test_every_export_is_logged_without_names(populated: Memory) -> None:
     populated.export_json(io.StringIO(), subject="Alice")
     *_, last, call = [Entry.decode(raw) for _, raw in populated.backend.log_entries()]

@@ -257,13 +257,20 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_request")
     empty = httpx.post(f"{base_url}/v1/memories", json={"text": " ", "subject": "x"}, headers=admin)
     assert (empty.status_code, empty.json()["error"]["code"]) == (422, "invalid_input")
-    for loose in ({"for_legal_claim": "yes"}, {"confidence": "0.5"}, {"expires_at": "1"}):
+    for loose in ({"for_legal_claim": "yes"}, {"confidence": "0.5"}, {"expires_at": True}):
         # A value of the wrong JSON type is refused, not coerced: "yes" is no legal claim.
         reply = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", **loose}, headers=admin)
         assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), loose
     past = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": 1}, headers=admin)
     said = "expires_at 1970-01-01T00:00:00.000001Z is in the past"
     assert (past.status_code, past.json()["error"]) == (422, {"code": "invalid_input", "message": said})
+    # An expiry as records show it (ISO 8601) is taken; a string that is no time is refused by name.
+    late = {"text": "t", "subject": "x", "expires_at": "9999-12-31T00:00:00.5Z"}
+    iso = httpx.post(f"{base_url}/v1/memories", json=late, headers=admin)
+    assert (iso.status_code, iso.json()["expires_at"]) == (201, "9999-12-31T00:00:00.500000Z")
+    vague = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": "1"}, headers=admin)
+    assert (vague.status_code, vague.json()["error"]["code"]) == (422, "invalid_input")
+    assert "'1' is neither an ISO 8601 time nor a delay" in vague.json()["error"]["message"]
     json_body = {**admin, "Content-Type": "application/json"}
     for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
         reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)

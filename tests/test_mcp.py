@@ -213,6 +213,8 @@ async def _agent(session: ClientSession) -> None:
     assert late.is_error and "from 1970 to the year 9999" in _text(late)
     past = await session.call_tool("remember", {"text": "x", "subject": "Iris", "expires_at": 1})
     assert _text(past) == "Error (invalid_input): expires_at 1970-01-01T00:00:00.000001Z is in the past"
+    iso = await _data(session, "remember", text="Iris's next trial", subject="Iris", expires_at=kept["expires_at"])
+    assert iso["expires_at"] == kept["expires_at"]
     assert bad.structured_content is not None and "Quartz" not in str(bad.structured_content)
     denied = await session.call_tool("verify_audit", {})
     assert denied.is_error  # verification is the auditors'

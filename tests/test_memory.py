@@ -182,6 +182,22 @@ def test_expiry_must_have_a_calendar_date(memory: Memory) -> None:
     assert [r.id for r in memory.list()] == [kept.id]
 
 
+def test_expiry_is_taken_as_records_show_it(memory: Memory, clock: FakeClock) -> None:
+    """A record shows its expiry in ISO 8601: that form (or a delay, as the CLI takes)
+    is taken back, so a caller can copy one record's expiry onto another."""
+    first = memory.remember("kept a week", subject="a", expires_at="7d")
+    assert first.expires_at == clock.now + 7 * 86_400 * 1_000_000
+    shown = first.to_json()["expires_at"]
+    assert memory.remember("kept as long", subject="b", expires_at=shown).expires_at == first.expires_at
+    assert memory.remember("no offset is UTC", subject="c", expires_at="9999-01-01T00:00").expires_at == (
+        memory.remember("explicit UTC", subject="c", expires_at="9999-01-01T00:00:00Z").expires_at
+    )
+    for bad, said in (("soon", "neither an ISO 8601 time nor a delay"), ("1", "neither"), ("2000-01-01", "past")):
+        with pytest.raises(InvalidInputError, match=said):
+            memory.remember("never stored", subject="d", expires_at=bad)
+    assert [r.subject for r in memory.list()] == ["a", "b", "c", "c"]
+
+
 def test_expiry_must_be_in_the_future(memory: Memory, clock: FakeClock) -> None:
     """A record already expired was written, never recalled, and erased by the next purge."""
     for past in (1, clock.now - 1, clock.now):

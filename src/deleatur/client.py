@@ -160,7 +160,7 @@ class Client:
         source: str | None = None,
         confidence: float | None = None,
         derived_from: Iterable[str] = (),
-        expires_at: int | None = None,
+        expires_at: int | str | None = None,
         for_legal_claim: bool = False,
     ) -> Record:
         body = {

@@ -35,7 +35,7 @@ from .access.principals import (
     Principal,
     Role,
 )
-from .clock import Clock, Random, isoformat, system_clock, system_random
+from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
 from .crypto.signing import pending_path, read_signer, signing_key_path, write_signer
@@ -771,11 +771,17 @@ class Memory:
         source: str | None = None,
         confidence: float | None = None,
         derived_from: Iterable[str] = (),
-        expires_at: int | None = None,
+        expires_at: int | str | None = None,
         for_legal_claim: bool = False,
     ) -> Record:
         """Write one memory; a new value for an existing key supersedes the old one.
-        ``expires_at``, if given, must be later than now."""
+        ``expires_at``, if given, must be later than now: microseconds since the epoch, an
+        ISO 8601 time (UTC if it has no offset, as records show it) or a delay like ``30d``."""
+        if isinstance(expires_at, str):
+            try:
+                expires_at = parse_when(expires_at, self._clock())
+            except ValueError as exc:
+                raise InvalidInputError(f"expires_at: {exc}") from None
         item = NewMemory(
             text=text,
             subject=subject,

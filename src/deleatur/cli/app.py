@@ -16,9 +16,8 @@ import typer
 from rich.table import Table
 
 from .. import __version__
-from ..clock import parse_when, system_clock
 from ..crypto.master import default_key_file, from_environment
-from ..errors import DeleaturError, InvalidInputError
+from ..errors import DeleaturError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import access as _access_commands  # noqa: F401  (registers principals, audit, whoami)
@@ -117,10 +116,6 @@ def remember(
 ) -> None:
     """Write a memory; prints its id."""
     meta = parse_metadata(metadata) if metadata is not None else None
-    try:
-        expires = None if expires_at is None else parse_when(expires_at, system_clock())
-    except ValueError as exc:
-        raise InvalidInputError(f"--expires-at: {exc}") from None
     if receipt_file is not None:
         check_output_path(receipt_file)
     with open_memory() as memory:
@@ -133,7 +128,7 @@ def remember(
             source=source,
             confidence=confidence,
             derived_from=derived_from or (),
-            expires_at=expires,
+            expires_at=expires_at,
             for_legal_claim=for_legal_claim,
         )
         if receipt_file is not None:

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -253,15 +254,32 @@ def export_json(
 def export_csv(
     memory: Memory, directory: Path, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
+    """The bundle is written whole or not at all: into a new private directory beside
+    ``directory``, renamed onto it (an empty one, or none) once every file is written."""
     job = _Export(memory, subject=subject, user_id=user_id)
     if directory.exists() and not directory.is_dir():
         raise InvalidInputError(f"{directory} is a file; a csv export needs a directory")
     if directory.exists() and any(directory.iterdir()):
         raise InvalidInputError(f"{directory} is not empty; refusing to mix exports")
+    partial = directory.with_name(f".{directory.name}.{secrets.token_hex(4)}.partial")
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        partial.mkdir(mode=0o700)
     except OSError as exc:
         raise InvalidInputError(f"cannot create {directory}: {exc.strerror}") from None
+    try:
+        _write_bundle(memory, job, partial)
+        try:
+            os.replace(partial, directory)
+        except OSError as exc:
+            raise InvalidInputError(f"cannot write {directory}: {exc.strerror}") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    job.audit()
+    return job.counts()
+
+
+def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
     with _private(directory / "records.csv") as rec_file, _private(directory / "log.csv") as log_file:
         records = csv.DictWriter(rec_file, fieldnames=RECORD_COLUMNS)
         log = csv.writer(log_file)
@@ -292,8 +310,6 @@ def export_csv(
     }
     with _private(directory / "manifest.json") as manifest_file:
         manifest_file.write(json.dumps(manifest, indent=2) + "\n")
-    job.audit()
-    return job.counts()
 
 
 def _checkpoint(memory: Memory) -> str | None:

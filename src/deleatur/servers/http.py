@@ -99,7 +99,10 @@ class RememberBody(SpaceBody):
     source: str | None = None
     confidence: float | None = None
     derived_from: list[str] = Field(default_factory=list)
-    expires_at: int | None = Field(default=None, description="Microseconds since the epoch.")
+    expires_at: int | str | None = Field(
+        default=None,
+        description="Microseconds since the epoch, an ISO 8601 time (UTC if no offset), or a delay like 30d.",
+    )
     for_legal_claim: bool = False
 
 

@@ -193,14 +193,15 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         metadata: dict[str, Any] | None = None,
         confidence: float | None = None,
         derived_from: list[str] | None = None,
-        expires_at: int | None = None,
+        expires_at: int | str | None = None,
         for_legal_claim: bool = False,
         user_id: str = "default",
         agent_id: str = "",
         run_id: str = "",
     ) -> CallToolResult:
         """Remember a fact about a subject; a new value for a key supersedes the old one.
-        ``expires_at``: microseconds since the epoch; ``for_legal_claim``: a write for a
+        ``expires_at``: microseconds since the epoch, an ISO 8601 time (UTC if no offset)
+        or a delay like 30d; ``for_legal_claim``: a write for a
         legal claim, allowed while the subject's processing is restricted."""
 
         def run(memory: Memory) -> CallToolResult:
