@@ -136,6 +136,35 @@ def test_account_erasure_leaves_the_decisions_only_pseudonyms_of_its_spaces(memo
         assert name not in blob, name
 
 
+def test_after_an_account_erasure_no_hash_confirms_a_guess_of_its_ids(memory: Memory, store_path: Path) -> None:
+    """The redaction keeps the hash of the body it replaced, and the log the first body's
+    hash: with the space's ids put back in the body anyone may read, they would confirm a
+    guessed user id. The space's salt, blanked with the ids, prevents that."""
+    space = Space("cust_5521", "support")
+    used = memory.remember("Ivy likes okapis", subject="Ivy", space=space)
+    decision = memory.record_decision("approved", [used.id], space=space)
+    salt = decision.body["space_salt"]
+    assert isinstance(salt, str) and len(salt) == 32
+    result = memory.erase_all(user_id="cust_5521", request_id="ACC-1", basis=BASIS, requester="dpo")
+    assert result.request is not None
+    row = memory.backend.decision(memory.tenant, decision.id)
+    assert row is not None
+    after = memory.explain_decision(decision.id, space=Space(row["user_id"], row["agent_id"], row["run_id"]))
+    *_, redaction = after.body["redactions"]
+    assert after.body["space_salt"] is None and redaction["by"] == "account erasure"
+
+    def guess(user_id: str, agent_id: str, space_salt: str | None) -> str:
+        body = {**after.body, "redactions": after.body["redactions"][:-1], "space_salt": space_salt}
+        body["space"] = {"user_id": user_id, "agent_id": agent_id, "run_id": ""}
+        return hashlib.sha256(canonical(body)).hexdigest()
+
+    assert guess("cust_5521", "support", salt) == redaction["previous"]  # the guess is made right
+    assert guess("cust_5521", "support", None) != redaction["previous"]  # but nobody has the salt
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert salt.encode() not in blob and b"cust_5521" not in blob
+
+
 def test_erasing_a_subject_no_decision_used_redacts_nothing(memory: Memory) -> None:
     decision_id, *_ = _decided(memory)
     memory.remember("unrelated", subject="Bob")

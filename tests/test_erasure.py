@@ -3,8 +3,10 @@ requests, idempotency, confirmation tokens, residue and pseudonymized traces."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+import apsw
 import pytest
 
 from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
@@ -166,6 +168,23 @@ def test_agents_must_present_a_single_use_token(memory: Memory, family: dict[str
     assert done.request.counts["records"] == 4  # type: ignore[attr-defined]
     with pytest.raises(ConfirmationRequiredError, match="already used"):
         _erase(memory, "Bob", request_id="DSAR-20", confirmation=token)
+
+
+def test_a_spent_token_leaves_nothing_that_confirms_a_guessed_name(
+    memory: Memory, family: dict[str, str], store_path: Path
+) -> None:
+    """The plan a token confirms is a hash over the subject's name and what the request
+    row keeps in clear (record ids, key references, principal id): kept unkeyed, anyone
+    with the database file could test a guessed name against it."""
+    plan = memory.erase("Alice Smith", request_id="D", basis=BASIS, requester="dpo", dry_run=True, issue_token=True)
+    assert plan.plan is not None and plan.token
+    _erase(memory, "Alice Smith", request_id="DSAR-19", require_confirmation=True, confirmation=plan.token)
+    guessed = hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.plan.digest + memory.principal.id.encode()).digest()
+    memory.backend.scrub()
+    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert plan.plan.digest not in blob and guessed not in blob
+    ((stored,),) = apsw.Connection(str(store_path)).execute("SELECT plan_digest FROM erasure_confirmations")
+    assert isinstance(stored, bytes) and stored in blob  # the test reads the right place
 
 
 def test_a_refused_confirmation_neither_records_a_request_nor_reveals_ids_in_use(

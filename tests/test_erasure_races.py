@@ -3,6 +3,7 @@ record written under a key about to be destroyed, no leftover -wal, honest count
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import subprocess
@@ -118,6 +119,57 @@ def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkey
         assert issued["erasure"]["wal_truncated"] is True
     for path in store_files(store_path):
         assert b"qzwalsecret" not in path.read_bytes(), path
+
+
+def test_a_reader_of_the_key_store_keeps_the_erasure_from_claiming_its_wal_clean(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The destroyed key's page stays in the key store's -wal while a reader holds an
+    older snapshot of it: the request and certificate say so, and the next status read
+    empties it, so no byte of the destroyed key is left in the key store's files."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("qzkeysecret", subject="Alice")
+        ref = memory._subject_ref("alice")
+        ((wrapped,),) = memory.keys._conn.execute("SELECT wrapped FROM data_keys WHERE subject_ref = ?", (ref,))
+        assert isinstance(wrapped, bytes)
+        reader = apsw.Connection(str(memory.keys.path), flags=apsw.SQLITE_OPEN_READONLY)
+        reader.execute("BEGIN").fetchall()
+        reader.execute("SELECT count(*) FROM data_keys").fetchall()  # an open read snapshot
+        request = memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo").request
+        assert request is not None and request.counts["wal_not_truncated"] == 1
+        assert memory.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is False
+        reader.execute("COMMIT").fetchall()
+        reader.close()
+        assert "wal_not_truncated" not in memory.erasure_request("R1").counts
+        assert memory.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is True
+        for path in store_files(memory.keys.path):
+            assert wrapped not in path.read_bytes(), path
+
+
+def test_a_key_destroyed_through_another_handle_is_not_used_from_a_cache(store_path: Path) -> None:
+    """A server's handle keeps unwrapped keys in memory; an erasure through another handle
+    (a CLI, another worker) must reach them: after it, no call through the server's handle
+    decrypts with the destroyed key or names the erased subject."""
+    with (
+        Memory.open(store_path, from_bytes(MASTER), create=True) as memory,
+        Memory.open(store_path, from_bytes(MASTER)) as server,
+    ):
+        memory.new_signing_key()
+        record = memory.remember("Ottoline's secret", subject="Ottoline Vexby")
+        server.remember("Bob's note", subject="Bob")
+        (row,) = memory.backend.rows(memory.tenant, [record.id])
+        assert server.get(record.id).text == "Ottoline's secret"  # the key is cached in the server
+        server.export_json(io.StringIO(), subject="Ottoline Vexby")  # an audit entry sealing the name
+        assert "ottoline vexby" in {e.subject for e in server.audit_entries()}
+        memory.erase("Ottoline Vexby", request_id="R1", basis=BASIS, requester="dpo")
+        assert "ottoline vexby" not in {e.subject for e in server.audit_entries()}
+        with pytest.raises(KeyStoreError):
+            server.keys.key_by_id(row.key_id)  # as a copy of the database taken before would need
+        assert server.recall("note")[0].record.text == "Bob's note"  # other keys still serve
 
 
 def test_a_missing_signing_key_stops_writes_not_reads(memory: Memory, store_path: Path) -> None:

@@ -388,6 +388,12 @@ class Memory:
     def _name_subject(self, subject: str | None) -> None:
         calls.name_subject(self, subject)
 
+    def _scrub(self) -> bool:
+        """Truncate the -wal of the database and of the key store, as an erasure must:
+        False if a reader kept either from being truncated."""
+        database = self.backend.scrub()
+        return self.keys.scrub() and database
+
     def _user_token(self, user_id: str) -> str:
         if user_id.startswith(ERASED_USER):  # a scope kept by reference (see admin.rescope_erased_user)
             return self.keys.index.token("user", bytes.fromhex(user_id.removeprefix(ERASED_USER)))

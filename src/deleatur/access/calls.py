@@ -41,6 +41,7 @@ def enter(
     users: Iterable[str] | None,
     request: Any,
 ) -> Call:
+    memory.keys.refresh()
     # A caller's request id names the call only if it is a well-formed one.
     call = Call(action, request if is_request_id(request) else memory._ids.new(), None)
     principal = memory.principal

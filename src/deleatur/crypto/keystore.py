@@ -80,7 +80,10 @@ class KeyStore:
         self.index = BlindIndex(_hkdf(master, b"deleatur/v1/index"))
         self._random = random
         self._clock = clock
-        self._by_id: OrderedDict[bytes, AESGCM] = OrderedDict()
+        # Unwrapped keys, each with the key store's data_version when it was last seen in
+        # the file: another connection (a server's other handle, a CLI) may destroy a key.
+        self._by_id: OrderedDict[bytes, tuple[AESGCM, int]] = OrderedDict()
+        self._version = self._data_version()
 
     @classmethod
     def open(
@@ -159,8 +162,20 @@ class KeyStore:
         self._remember(key_id, aead)
         return aead
 
+    def _data_version(self) -> int:
+        for (value,) in self._conn.execute("PRAGMA data_version"):
+            return int(value)
+        return -1
+
+    def refresh(self) -> None:
+        """Note whether another connection has changed the key store since the last call:
+        if so, each cached key is looked up in the file again before its next use. The
+        guard calls this as each call begins, so no call decrypts with a key destroyed
+        before it began (a commit on this connection evicts its own destroyed keys)."""
+        self._version = self._data_version()
+
     def _remember(self, key_id: bytes, aead: AESGCM) -> None:
-        self._by_id[key_id] = aead
+        self._by_id[key_id] = (aead, self._version)
         self._by_id.move_to_end(key_id)
         if len(self._by_id) > _CACHE_SIZE:
             self._by_id.popitem(last=False)
@@ -196,12 +211,22 @@ class KeyStore:
                     row = (key_id, wrapped)
         key_id, wrapped = bytes(row[0]), bytes(row[1])
         cached = self._by_id.get(key_id)
-        return key_id, cached if cached is not None else self._unwrap(key_id, tenant, subject_ref, wrapped)
+        if cached is not None:
+            self._remember(key_id, cached[0])  # just read from the file
+            return key_id, cached[0]
+        return key_id, self._unwrap(key_id, tenant, subject_ref, wrapped)
 
     def key_by_id(self, key_id: bytes) -> AESGCM:
         cached = self._by_id.get(key_id)
         if cached is not None:
-            return cached
+            aead, seen = cached
+            if seen == self._version:
+                return aead
+            if self.has_key_id(key_id):
+                self._remember(key_id, aead)
+                return aead
+            del self._by_id[key_id]
+            raise DataKeyDestroyedError("the data key for this record has been destroyed")
         row = self._conn.execute(
             "SELECT tenant, subject_ref, wrapped FROM data_keys WHERE key_id = ?", (key_id,)
         ).fetchone()
@@ -298,8 +323,13 @@ class KeyStore:
             raise KeyStoreBusyError("the key store is locked by another process; no key was destroyed") from None
         for key_id in ids:
             self._by_id.pop(key_id, None)
-        scrub(self._conn)
+        self.scrub()  # an erasure's settle() checks again, and says if a reader prevented it
         return gone
+
+    def scrub(self) -> bool:
+        """Empty the key store's -wal, which still holds destroyed keys' pages after the
+        delete; False if a reader kept it from being truncated (see sqlitefile.scrub)."""
+        return scrub(self._conn)
 
     def close(self) -> None:
         self._by_id.clear()

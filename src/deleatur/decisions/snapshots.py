@@ -3,17 +3,19 @@
 A snapshot's signed body is canonical JSON (keys sorted, no whitespace, ASCII),
 signed with the store's log key over ``deleatur/decision/v1\\n`` + body::
 
-    {"format": "deleatur-decision/v1", "id", "store", "tenant", "space", "time",
-     "actor", "summary", "beliefs": [{"record", "key", "value", "salt", "confidence",
-     "log_index", "redacted"}], "redactions": [{"by", "request", "records", "time",
-     "previous"}]}
+    {"format": "deleatur-decision/v1", "id", "store", "tenant", "space", "space_salt",
+     "time", "actor", "summary", "beliefs": [{"record", "key", "value", "salt",
+     "confidence", "log_index", "redacted"}], "redactions": [{"by", "request",
+     "records", "time", "previous"}]}
 
 ``log_index`` is the record's write entry in the log; ``previous`` is the hash of
 the body a redaction replaced. The body's SHA-256 is logged (a ``decision`` entry).
 Each belief carries a random ``salt``, sealed and redacted with its value: the
 hashes of bodies that held an erased value cannot be used to confirm a guess of it.
 The id and the space are signed, so a row cannot be swapped for another decision
-or moved to another space unnoticed.
+or moved to another space unnoticed. ``space_salt`` (random; absent from snapshots
+made before it existed) does for the space's ids what a belief's salt does for its
+value: an account erasure blanks it with the ids.
 
 At rest, each belief's key and value are sealed under its subject's data key and
 the summary under a key of the tenant's decisions; erasing a subject therefore
@@ -146,6 +148,7 @@ def record(
         "store": memory.backend.store_id,
         "tenant": memory.tenant,
         "space": {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id},
+        "space_salt": memory._random(16).hex(),
         "time": now,
         "actor": memory.principal.id,
         "summary": summary.strip(),
@@ -275,11 +278,14 @@ def pseudonymize_spaces(
     moved = 0
     for row, body, stored, previous in _snapshots(memory, memory.backend.decisions_in(memory.tenant, scope)):
         space = Space(*(pseudonym(name) if name else "" for name in (row["user_id"], row["agent_id"], row["run_id"])))
-        named = {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+        # Without its salt, the hash of the body it replaces confirms no guess of the ids.
+        moved_to: dict[str, Any] = {
+            "space": {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+        }
+        if "space_salt" in body:
+            moved_to["space_salt"] = None
         redaction = {"by": "account erasure", "request": request_id, "records": [], "time": now, "previous": previous}
-        _re_sign(
-            memory, {**body, "space": named}, {**stored, "space": named}, space, redaction=redaction, events=events
-        )
+        _re_sign(memory, {**body, **moved_to}, {**stored, **moved_to}, space, redaction=redaction, events=events)
         moved += 1
     return moved
 

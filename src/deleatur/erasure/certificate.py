@@ -48,7 +48,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
     note = memory._checkpoint()
     size = Checkpoint.parse(note.text).size
     # Truncate the -wal now, so the statement describes the files as they are at issue time.
-    wal_truncated = memory.backend.scrub()
+    wal_truncated = memory._scrub()
     tombstones = []
     for index in request.tombstones:
         entry = memory.log.entry(index)

@@ -94,8 +94,9 @@ def _token_hash(token: str) -> bytes:
 
 def _confirmed_plan(memory: Memory, plan: ErasurePlan) -> bytes:
     """What a token confirms: this plan, for this principal. Another principal holding
-    the token (an agent handing it to another) cannot spend it."""
-    return hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.digest + memory.principal.id.encode()).digest()
+    the token (an agent handing it to another) cannot spend it. Keyed: the plan names the
+    subject, and a plain hash of it, kept in the store, would confirm a guessed name."""
+    return memory.keys.index.ref("confirmed-plan/v2", plan.digest, memory.principal.id)
 
 
 def _pseudonymizer() -> Callable[[str], str]:
@@ -149,7 +150,7 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
     else:
         return request
     counts = {k: v for k, v in done.counts.items() if k != "wal_not_truncated"}
-    if not memory.backend.scrub():
+    if not memory._scrub():
         counts["wal_not_truncated"] = 1
     if counts != done.counts:
         done = replace(done, counts=counts)
