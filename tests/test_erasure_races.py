@@ -14,7 +14,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import KeyStoreError, Memory, Space, from_bytes
+from deleatur import KeyStoreError, Memory, NewMemory, Space, from_bytes
 from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestStatus
 
@@ -96,6 +96,33 @@ m.erase("Alice", request_id="R1", basis="Art. 17(1)(a)", requester="dpo")
         assert b"qzcrashsecret" not in path.read_bytes(), path
 
 
+def test_a_crash_between_a_hard_delete_and_its_scrub_is_scrubbed_on_the_next_open(tmp_path: Path) -> None:
+    """rectify --erase-previous commits, then dies before truncating the -wal, which still
+    holds the earlier values' pages (readable under the subject's live key): the next
+    open truncates it, before its first call, not when it closes."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+from deleatur import Memory, from_bytes
+m = Memory.open({str(tmp_path / "m.db")!r}, from_bytes(bytes(range(32))), create=True)
+m.new_signing_key()
+first = m.remember("Alice phone +100", subject="Alice", key="alice::phone")
+(row,) = m.backend.rows(m.tenant, [first.id])
+open({str(tmp_path / "ciphertext")!r}, "wb").write(row.ciphertext)
+m.backend.scrub()
+m.backend.scrub = lambda: os._exit(9)   # dies right after the commit
+m.rectify("alice::phone", "Alice phone +200", reason="wrong", actor="dpo", erase_previous=True)
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    ciphertext = (tmp_path / "ciphertext").read_bytes()
+    assert any(ciphertext in path.read_bytes() for path in store_files(tmp_path / "m.db"))  # the crash left it
+    with Memory.open(tmp_path / "m.db", from_bytes(MASTER)) as memory:
+        for path in store_files(tmp_path / "m.db"):
+            assert ciphertext not in path.read_bytes(), path
+        assert not memory.backend.scrub_pending()
+        assert [r.text for r in memory.history("alice::phone")] == ["Alice phone +200"]
+
+
 def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from deleatur import sqlitefile
 
@@ -170,6 +197,58 @@ def test_a_key_destroyed_through_another_handle_is_not_used_from_a_cache(store_p
         with pytest.raises(KeyStoreError):
             server.keys.key_by_id(row.key_id)  # as a copy of the database taken before would need
         assert server.recall("note")[0].record.text == "Bob's note"  # other keys still serve
+
+
+def test_a_writer_never_takes_a_newer_key_that_an_erasure_is_yet_to_destroy(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer reads the subject's key K1, then waits for the lock; meanwhile K1 is
+    erased, a new record brings K2, and a second erasure commits with K2 pending. Under
+    the lock the writer must not fall back on K2: its record would outlive its key, and
+    no later erasure of the subject could read (and so erase) it."""
+    from deleatur.erasure import engine
+
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as other:
+        other.new_signing_key()
+        other.remember("Alice's first note", subject="Alice")
+    writer = Memory.open(store_path, from_bytes(MASTER))
+    other = Memory.open(store_path, from_bytes(MASTER))
+    real_settle = engine.settle
+
+    def meanwhile(batch: list[NewMemory]) -> object:
+        keys = Memory._data_keys(writer, batch)  # the writer has read K1, and holds no lock
+        other.erase("Alice", request_id="R1", basis=BASIS, requester="dpo")
+        other.remember("Alice's second note", subject="Alice")  # K2
+        monkeypatch.setattr(engine, "settle", lambda memory, request: request)  # R2 stops before its keys
+        other.erase("Alice", request_id="R2", basis=BASIS, requester="dpo")
+        monkeypatch.setattr(engine, "settle", real_settle)
+        return keys
+
+    monkeypatch.setattr(writer, "_data_keys", meanwhile)
+    record = writer.remember("Alice's third note", subject="Alice")
+    other.close()
+    writer.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:  # finishes R2
+        assert memory.erasure_request("R2").status is RequestStatus.COMPLETE
+        assert memory.get(record.id).text == "Alice's third note"
+        done = memory.erase("Alice", request_id="R3", basis=BASIS, requester="dpo").request
+        assert done is not None and done.counts["records"] == 1
+
+
+def test_a_restriction_is_never_sealed_under_a_key_an_erasure_is_yet_to_destroy(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur.erasure import engine
+
+    memory.remember("Alice's note", subject="Alice")
+    monkeypatch.setattr(engine, "settle", lambda memory, request: request)  # committed, keys pending
+    memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo")
+    monkeypatch.undo()
+    restriction = memory.restrict("Alice", reason="contested accuracy", actor="dpo")
+    engine.finish_all_pending(memory)
+    assert memory.erasure_request("R1").status is RequestStatus.COMPLETE
+    assert [r.reason for r in memory.restrictions()] == ["contested accuracy"]  # still readable
+    assert restriction.subject == memory.restrictions()[0].subject
 
 
 def test_a_missing_signing_key_stops_writes_not_reads(memory: Memory, store_path: Path) -> None:

@@ -78,7 +78,12 @@ def test_deriving_from_a_restricted_subjects_record_is_refused_unless_for_a_lega
     memory.restrict("Alice", reason="contested", actor="dpo")
     with pytest.raises(RestrictedSubjectError):
         memory.remember("Loan score derived from Alice's phone", subject="Scoring", derived_from=[source.id])
+    with pytest.raises(RestrictedSubjectError):
+        memory.remember_many([NewMemory("Bea's note", subject="Bea"), NewMemory("Alice again", subject="Alice")])
     assert list(memory.list(subject="Scoring")) == []
+    # Refused before any data key was made: no key names a subject of whom nothing is stored.
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("scoring"))
+    assert not memory.keys.has_key(memory.tenant, memory._subject_ref("bea"))
     claim = memory.remember("Evidence summary", subject="Scoring", derived_from=[source.id], for_legal_claim=True)
     assert claim.derived_from == (source.id,)
     # A correction of a value derived from it derives from it too.

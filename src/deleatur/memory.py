@@ -188,6 +188,8 @@ class Memory:
         finish_all_pending(self)
         if self.backend.index_holds_words():
             self._hash_index_terms()
+        if self.backend.scrub_pending():
+            self._scrub()  # a removal committed, then the process died before its scrub
 
     # -- opening -----------------------------------------------------------------
 
@@ -818,21 +820,16 @@ class Memory:
                 raise InvalidInputError(f"expires_at {isoformat(item.expires_at)} is in the past")
         if not batch:
             return []
-        # Refuse bad lineage before any data key is made, so a refused write leaves no
-        # trace in the key store either; checked again under the lock.
-        self._lineage_sources(batch)
+        # Refuse bad lineage and restricted subjects before any data key is made, so a
+        # refused write leaves no trace in the key store either; checked again under the lock.
+        self._check_writable(batch, self._lineage_sources(batch), for_legal_claim)
         seen = self.backend.data_version()
         keys = self._data_keys(batch)
         # A batch makes its index writes at its end (see deferred_index); one write gains
         # nothing from that and would pay for the bookkeeping.
         deferred: AbstractContextManager[None] = self.backend.deferred_index() if len(batch) > 1 else nullcontext()
         with self._logged() as events, deferred:
-            # A restricted subject has a key already (restrict() made it), so checking
-            # here, under the lock, refuses without leaving a new key behind.
-            # Deriving from a restricted subject's record is processing it, too.
-            sources = self._lineage_sources(batch)
-            refs = {ref for ref, _, _ in keys.values()} | {row.subject_ref for row in sources}
-            check_writable(self, sorted(refs), for_legal_claim=for_legal_claim)
+            self._check_writable(batch, self._lineage_sources(batch), for_legal_claim)
             self._ids.after(self.backend.newest_id())  # ids follow commit order (see IdGenerator.after)
             keys = self._live_keys(keys, seen)
             retention = retention_for(self, space)
@@ -845,6 +842,12 @@ class Memory:
             ]
             self.backend.insert_many(pending)
             return records
+
+    def _check_writable(self, batch: list[NewMemory], sources: builtins.list[StoredRow], for_legal_claim: bool) -> None:
+        """Art. 18: refuse a write about a restricted subject, or deriving from one's record
+        (that is processing it too), unless it serves a legal claim."""
+        refs = {self._subject_ref(canonical) for canonical in {canonical_subject(item.subject) for item in batch}}
+        check_writable(self, sorted(refs | {row.subject_ref for row in sources}), for_legal_claim=for_legal_claim)
 
     def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
         """Each subject's (subject_ref, key_id, key), made before the write transaction:
@@ -872,9 +875,19 @@ class Memory:
         fresh = dict(keys)
         for canonical, (ref, key_id, _) in keys.items():
             if key_id in pending or (recheck and not self.keys.has_key_id(key_id)):
-                self.keys.destroy_ids([key_id] if key_id in pending else [])
-                fresh[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
+                fresh[canonical] = (ref, *self._key_not_pending(ref, pending))
         return fresh
+
+    def _key_not_pending(self, ref: bytes, pending: set[bytes] | None = None) -> tuple[bytes, AESGCM]:
+        """Under the write lock: the subject's data key, never one that a committed erasure
+        is yet to destroy (the subject's current key may be one, made after the key this
+        caller first read): such a key is destroyed now, and the subject gets a new one."""
+        pending = pending_key_ids(self) if pending is None else pending
+        while True:
+            key_id, aead = self.keys.key_for_subject(self.tenant, ref)
+            if key_id not in pending:
+                return key_id, aead
+            self.keys.destroy_ids([key_id])
 
     def _lineage_sources(self, batch: list[NewMemory]) -> builtins.list[StoredRow]:
         """The records the batch derives from, each checked to exist for this caller."""

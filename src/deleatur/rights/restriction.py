@@ -60,13 +60,14 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
     check_note(reason, "reason")
     check_note(actor.strip(), "actor")
     ref = memory._subject_ref(canonical)
-    aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
-    pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
-    assert pseudonym is not None
-    nonce = memory._random(_NONCE)
-    now = memory._clock()
-    sealed = nonce + aead.encrypt(nonce, reason.strip().encode("utf-8"), _aad(memory, ref))
     with memory._logged() as events:
+        # Under the lock, as a write: the reason is sealed under a key no erasure is about to destroy.
+        aead = memory._key_not_pending(ref)[1]
+        pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
+        assert pseudonym is not None  # the key was just read, and only a pending key is destroyed
+        nonce = memory._random(_NONCE)
+        now = memory._clock()
+        sealed = nonce + aead.encrypt(nonce, reason.strip().encode("utf-8"), _aad(memory, ref))
         memory.backend.put_restriction(
             {
                 "tenant": memory.tenant,

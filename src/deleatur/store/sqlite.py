@@ -75,6 +75,8 @@ _VISIBLE = (
 _K1 = 1.2
 _B = 0.75
 _BM25 = "deleatur_bm25"
+#: The meta key of a removal committed but not yet scrubbed from the -wal.
+_SCRUB_PENDING = "scrub_pending"
 
 
 def _phrase(term: str) -> str:
@@ -224,6 +226,7 @@ class SQLiteBackend:
             self._conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
             self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", entries)
             self._conn.execute("DELETE FROM meta WHERE k = 'index_terms'")
+            self._scrub_after_commit()
 
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
@@ -571,12 +574,12 @@ class SQLiteBackend:
         )
 
     def delete_restriction(self, tenant: str, subject_ref: bytes) -> bool:
-        return (
-            self._conn.execute(
-                "DELETE FROM restrictions WHERE tenant = ? AND subject_ref = ? RETURNING 1", (tenant, subject_ref)
-            ).fetchone()
-            is not None
-        )
+        found = self._conn.execute(
+            "DELETE FROM restrictions WHERE tenant = ? AND subject_ref = ? RETURNING 1", (tenant, subject_ref)
+        ).fetchone()
+        if found is not None:
+            self._scrub_after_commit()
+        return found is not None
 
     def restrictions(self, tenant: str, subject_ref: bytes | None = None) -> list[dict[str, Any]]:
         sql = "SELECT tenant, subject_ref, pseudonym, reason, actor, since FROM restrictions WHERE tenant = ?"
@@ -669,6 +672,8 @@ class SQLiteBackend:
         self._conn.execute(
             "DELETE FROM lineage_stubs WHERE NOT EXISTS (SELECT 1 FROM lineage WHERE parent = lineage_stubs.id)"
         )
+        if count:
+            self._scrub_after_commit()
         return count
 
     def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
@@ -752,6 +757,7 @@ class SQLiteBackend:
 
     def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
         self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
+        self._scrub_after_commit()
 
     def newest_id(self) -> str | None:
         (newest,) = self._conn.execute("SELECT max(id) FROM records").fetchall()[0]
@@ -806,8 +812,22 @@ class SQLiteBackend:
         rows = self._conn.execute("SELECT key_id, vkey, log_index, created_at FROM signing_keys ORDER BY log_index")
         return [(str(a), str(b), int(c), int(d)) for a, b, c, d in rows]
 
+    def _scrub_after_commit(self) -> None:
+        """In a transaction that removes data: mark the store until a scrub succeeds, so
+        that if the process dies between the commit and the scrub, the next open scrubs."""
+        self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, '1')", (_SCRUB_PENDING,))
+
+    def scrub_pending(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone() is not None
+
     def scrub(self) -> bool:
-        return scrub(self._conn)
+        clean = scrub(self._conn)
+        if clean and self.scrub_pending():
+            self._conn.execute("DELETE FROM meta WHERE k = ?", (_SCRUB_PENDING,))
+            # The -wal holds only that change now: truncating it again leaves it empty, as a
+            # scrub promises; if a reader arrived meanwhile, what stays is no removed data.
+            scrub(self._conn)
+        return clean
 
     def files(self) -> list[Path]:
         return sidecar_files(self.path)
