@@ -425,6 +425,12 @@ def test_client_list_follows_pages_to_the_end(tmp_path_factory: pytest.TempPathF
             headers={"Authorization": f"Bearer {key}"},
         ).json()
         assert len(page["records"]) == 345 and page["next"] is None
+        exact = httpx.get(
+            f"{url}/v1/memories",
+            params={"user_id": "pages", "limit": 345, "after": everything[1999].id},
+            headers={"Authorization": f"Bearer {key}"},
+        ).json()
+        assert len(exact["records"]) == 345 and exact["next"] is None  # a full last page says it is the last
         bad = httpx.get(f"{url}/v1/memories", params={"after": "nope"}, headers={"Authorization": f"Bearer {key}"})
         assert bad.status_code == 422 and "not a record id" in bad.text
 

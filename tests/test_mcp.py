@@ -14,7 +14,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
-from deleatur import Role
+from deleatur import Memory, NewMemory, Role, Space
+from deleatur.model import SpaceFilter
 from deleatur.servers.auth import BearerGate
 from deleatur.servers.mcp import build_server
 from deleatur.servers.pool import HandlePool
@@ -41,7 +42,10 @@ READ_ONLY = {
     "export_public_key",
     "explain_decision",
 }
-DESTRUCTIVE = {"delete", "delete_all", "purge_expired", "rectify"}
+# forget and restrict take something away no call gives back: MCP's destructive_hint
+# false promises only additive updates.
+DESTRUCTIVE = {"delete", "delete_all", "purge_expired", "rectify", "forget", "restrict"}
+ADDITIVE = {"remember", "record_decision"}
 
 
 def _text(result: CallToolResult) -> str:
@@ -65,10 +69,11 @@ async def _tour(session: ClientSession) -> None:
     """Every tool, through the session, as an agent would use them."""
     await session.initialize()
     tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-    assert READ_ONLY | DESTRUCTIVE | {"remember", "forget", "restrict", "record_decision"} <= set(tools)
+    assert set(tools) == READ_ONLY | DESTRUCTIVE | ADDITIVE
     hints = {name: tool.annotations for name, tool in tools.items() if tool.annotations is not None}
     assert {name for name, hint in hints.items() if hint.read_only_hint} == READ_ONLY
     assert {name for name, hint in hints.items() if hint.destructive_hint} == DESTRUCTIVE
+    assert {name for name, hint in hints.items() if hint.destructive_hint is False} == ADDITIVE
 
     first = await _call(session, "remember", text="Refunds within 30 days", subject="refund_window", user_id="c1")
     record = first.structured_content
@@ -184,9 +189,10 @@ async def _scoped_agent(session: ClientSession) -> None:
     certificate = await _data(session, "erasure_certificate", request_id="DEL-C2")
     verdict = await _data(session, "verify_certificate", certificate=certificate)
     assert verdict["verdict"] == "PASS"
-    elsewhere = await session.call_tool("delete", {"subject": "Hank", "user_id": "c3", "dry_run": True})
-    assert elsewhere.is_error and elsewhere.structured_content is not None
-    assert elsewhere.structured_content["error"]["missing"] == "scope"
+    for scope in ({"user_id": "c3"}, {}):  # left out, the scope is every user's spaces: not this key's
+        elsewhere = await session.call_tool("delete", {"subject": "Hank", "dry_run": True, **scope})
+        assert elsewhere.is_error and elsewhere.structured_content is not None
+        assert elsewhere.structured_content["error"]["missing"] == "scope"
     missing = await session.call_tool("erasure_status", {"request_id": "DEL-NONE"})
     assert missing.is_error and missing.structured_content is not None
     assert missing.structured_content["error"]["missing"] == "scope"  # as for another user's request
@@ -300,3 +306,194 @@ def test_unknown_arguments_are_refused(tmp_path: Path) -> None:
     with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
         _over_http(url, admin, _misspelt)
     pool.close()
+
+
+def _with_store(tmp_path: Path, fill: Callable[[Memory], None], session_run: Session) -> None:
+    """``session_run`` over streamable HTTP as an admin, on a store ``fill`` wrote first."""
+    opener = new_store(tmp_path / "mem.db")
+    with opener() as memory:
+        fill(memory)
+    admin = api_key(opener, Role.ADMIN)
+    pool = HandlePool(opener)
+    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+        _over_http(url, admin, session_run)
+    pool.close()
+
+
+def _where(space: Space) -> dict[str, str]:
+    return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+
+
+def test_erasure_scopes_read_an_empty_id_as_the_space_without_one(tmp_path: Path) -> None:
+    """delete and delete_all scope as the library, the CLI and HTTP do: an argument left
+    out is any value, "" the spaces without an agent or run. MCP read "" as any, so the
+    no-agent space alone could not be erased; and delete reached user "default" only."""
+    kim = [Space("u9"), Space("u9", "bot"), Space("u9", "bot", "r1"), Space("u8")]
+    evan = [Space("c1"), Space("c2", "bot"), Space("default", "", "r2")]
+    # Each scope and the records of Kim it reaches, as the library's SpaceFilter reads it.
+    scopes: list[tuple[dict[str, str], int]] = [
+        ({"user_id": "u9", "agent_id": ""}, 1),
+        ({"user_id": "u9", "agent_id": "bot", "run_id": ""}, 1),
+        ({"user_id": "u9", "run_id": ""}, 2),
+        ({"user_id": "u9"}, 3),  # every space of u9, as before
+        ({"agent_id": ""}, 2),  # every user's spaces without an agent
+        ({}, 4),  # every space of every user
+    ]
+
+    def fill(memory: Memory) -> None:
+        for spaces, subject in ((kim, "Kim"), (evan, "Evan")):
+            for space in spaces:
+                memory.remember(f"{subject} in {space}", subject=subject, space=space)
+        for scope, total in scopes:
+            plan = memory.erase(
+                "Kim", request_id="LIB", basis="b", requester="t", scope=SpaceFilter(**scope), dry_run=True
+            ).plan
+            assert plan is not None and plan.total == total, scope
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        for scope, total in scopes:
+            plan = await _data(session, "delete", subject="Kim", dry_run=True, **scope)
+            assert plan["plan"]["total"] == total, scope
+        account = await _data(session, "delete_all", user_id="u9", agent_id="", dry_run=True)
+        assert account["plan"]["total"] == 1
+        assert (await _data(session, "delete_all", user_id="u9", dry_run=True))["plan"]["total"] == 3
+
+        erased = await _call(session, "delete_all", user_id="u9", agent_id="", request_id="ACC-9")
+        assert _text(erased).startswith("Erased all memory for 'u9' (1 record(s)).")
+        assert (await _data(session, "list_memories", user_id="u9"))["count"] == 0
+        assert (await _data(session, "list_memories", user_id="u9", agent_id="bot"))["count"] == 1
+        assert (await _data(session, "list_memories", user_id="u9", agent_id="bot", run_id="r1"))["count"] == 1
+
+        # "Every trace of a subject", as the server's instructions say: no user id is every user's.
+        everywhere = await _call(session, "delete", subject="Evan", request_id="DEL-EVAN")
+        assert _text(everywhere).startswith("Erased 3 record(s) for 'Evan'.\n")
+        for space in evan:
+            assert (await _data(session, "list_memories", subject="Evan", **_where(space)))["count"] == 0
+        empty = await session.call_tool("delete", {"subject": "Kim", "user_id": ""})
+        assert _text(empty) == "Error (invalid_input): user_id must not be empty"
+
+    _with_store(tmp_path, fill, run)
+
+
+def _invalid(result: CallToolResult) -> set[str]:
+    """The arguments a refusal names as invalid."""
+    said = _text(result)
+    assert result.is_error and said.startswith("Error (invalid_request): "), said
+    parts = [part.split(": ", 1) for part in said.split(": ", 2)[2].split("; ")]
+    return {name for kind, names in parts if kind == "invalid argument(s)" for name in names.split(", ")}
+
+
+def _wrong_value(schema: dict[str, Any]) -> object:
+    """A JSON value of a type ``schema`` does not take, preferring one pydantic's lax mode
+    would coerce ("1" for a number or a boolean)."""
+    admitted = {part.get("type") for part in schema.get("anyOf", [schema])}
+    if "number" in admitted:
+        admitted.add("integer")  # 1.5 is a number
+    kinds: list[tuple[str, object]] = [
+        ("string", "1"),
+        ("integer", 1.5),
+        ("boolean", True),
+        ("array", []),
+        ("object", {}),
+    ]
+    for kind, value in kinds:
+        if kind not in admitted:
+            return value
+    raise AssertionError(f"no wrong value for {schema}")
+
+
+def test_arguments_are_taken_as_json_types_as_http_takes_them(tmp_path: Path) -> None:
+    """A value of another JSON type is refused, naming the argument, as HTTP's strict
+    bodies refuse it: the SDK's lax models took confidence=true as 1.0, "yes" as true,
+    and decoded JSON held in a string (key="null" became no key)."""
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        base = {"text": "lax", "subject": "Lax", "user_id": "lax"}
+        refused: list[tuple[str, dict[str, Any], str]] = [
+            ("remember", {**base, "confidence": True}, "confidence"),
+            ("remember", {**base, "confidence": "0.25"}, "confidence"),
+            ("remember", {**base, "expires_at": 1.9e15}, "expires_at"),
+            ("remember", {**base, "for_legal_claim": "yes"}, "for_legal_claim"),
+            ("remember", {**base, "for_legal_claim": "true"}, "for_legal_claim"),
+            ("remember", {**base, "metadata": '{"a": 1}'}, "metadata"),
+            ("recall", {"query": "lax", "limit": True}, "limit"),
+            ("recall", {"query": "lax", "limit": "5"}, "limit"),
+            ("list_memories", {"limit": 10_001}, "limit"),
+            ("purge_expired", {"older_than_days": "5", "dry_run": True}, "older_than_days"),
+            ("record_decision", {"summary": "s", "used": '["x"]'}, "used"),
+        ]
+        for name, arguments, argument in refused:
+            result = await session.call_tool(name, arguments)
+            assert _text(result) == f"Error (invalid_request): {name}: invalid argument(s): {argument}", arguments
+        assert (await _data(session, "list_memories", user_id="lax"))["count"] == 0  # nothing written
+
+        # As HTTP: an integer for a number; for expires_at, microseconds or a string.
+        whole = await _data(session, "remember", **base, confidence=1, expires_at="30d")
+        assert whole["confidence"] == 1.0 and whole["expires_at"] is not None
+        literal = await _data(session, "remember", **base, key="null")
+        assert literal["key"] == "null"
+
+        for tool in (await session.list_tools()).tools:
+            for name, schema in tool.input_schema["properties"].items():
+                result = await session.call_tool(tool.name, {name: _wrong_value(schema)})
+                assert name in _invalid(result), (tool.name, name, _text(result))
+
+    _with_store(tmp_path, lambda _: None, run)
+
+
+def test_a_restricted_subject_is_corrected_and_decided_on_for_a_legal_claim(tmp_path: Path) -> None:
+    """The refusal tells the agent to pass for_legal_claim: rectify and record_decision
+    take it, as over HTTP."""
+
+    def fill(memory: Memory) -> None:
+        memory.remember("Rita phone 1", subject="Rita", key="rita::phone")
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        used = (await _data(session, "list_memories"))["records"][0]["id"]
+        await _call(session, "restrict", subject="Rita", reason="contested")
+        fix = {"key": "rita::phone", "text": "Rita phone 2", "reason": "typo"}
+        refused = await session.call_tool("rectify", fix)
+        assert _text(refused).startswith("Error (subject_restricted): ") and "for_legal_claim" in _text(refused)
+        fixed = await _data(session, "rectify", **fix, for_legal_claim=True)
+        assert (fixed["text"], fixed["supersedes"]) == ("Rita phone 2", used)
+        decision = {"summary": "Hold for the claim", "used": [fixed["id"]]}
+        refused = await session.call_tool("record_decision", decision)
+        assert _text(refused).startswith("Error (subject_restricted): ")
+        decided = await _data(session, "record_decision", **decision, for_legal_claim=True)
+        assert [b["record"] for b in decided["decision"]["beliefs"]] == [fixed["id"]]
+
+    _with_store(tmp_path, fill, run)
+
+
+def test_list_memories_pages_with_a_cursor(tmp_path: Path) -> None:
+    """list_memories stopped at 100 records, saying nothing: now it answers a page and
+    the cursor of the next (as HTTP's list), null once no record follows."""
+    written: list[str] = []
+
+    def fill(memory: Memory) -> None:
+        records = memory.remember_many([NewMemory(f"note {i}", subject="Pg") for i in range(105)], space=Space("pg"))
+        written.extend(sorted(r.id for r in records))
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        first = await _call(session, "list_memories", user_id="pg")
+        page = first.structured_content
+        assert page is not None
+        assert [r["id"] for r in page["records"]] == written[:100] and page["next"] == written[99]
+        assert _text(first).endswith(f"\nMore remain: pass after='{written[99]}' for the next page.")
+        rest = await _call(session, "list_memories", user_id="pg", after=page["next"])
+        assert rest.structured_content is not None
+        assert [r["id"] for r in rest.structured_content["records"]] == written[100:]
+        assert rest.structured_content["next"] is None and "More remain" not in _text(rest)
+        # A full page that ends the listing says so: no empty page to fetch.
+        last = await _data(session, "list_memories", user_id="pg", after=written[99], limit=5)
+        assert (last["count"], last["next"]) == (5, None)
+        short = await _data(session, "list_memories", user_id="pg", after=written[99], limit=4)
+        assert short["next"] == written[103]
+        bad = await session.call_tool("list_memories", {"user_id": "pg", "after": "nope"})
+        assert bad.is_error and "not a record id" in _text(bad)
+
+    _with_store(tmp_path, fill, run)

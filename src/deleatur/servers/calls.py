@@ -12,7 +12,10 @@ from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
 from ..memory import Memory
-from ..model import check_name
+from ..model import Record, Space, check_int, check_name
+
+#: The most records one page of a listing holds, over HTTP and MCP alike.
+MAX_PAGE = 10_000
 
 
 def public_key(memory: Memory) -> dict[str, str]:
@@ -34,6 +37,31 @@ def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | N
     """An erasure certificate verified offline, under a pinned key if one is given."""
     key = None if expected_pubkey is None else parse_verifier(expected_pubkey, memory.log.origin)
     return verify_certificate(certificate, expected_key=key)
+
+
+def list_page(
+    memory: Memory,
+    *,
+    space: Space,
+    subject: str | None,
+    key: str | None,
+    include_history: bool,
+    limit: int,
+    after: str | None,
+) -> tuple[list[Record], str | None]:
+    """Up to ``limit`` records of ``memory.list`` after the record ``after``, and the
+    cursor of the next page: the last one's id, or None when no record follows. One
+    record more than the page is read, so a page that ends the listing says so even
+    when it is full, and a caller never has to fetch an empty page to learn it."""
+    check_int(limit, "limit", low=1)
+    records = list(
+        memory.list(
+            space=space, subject=subject, key=key, include_history=include_history, limit=limit + 1, after=after
+        )
+    )
+    if len(records) > limit:
+        return records[:limit], records[limit - 1].id
+    return records, None
 
 
 def on_behalf(memory: Memory, named: str | None, what: str) -> str:

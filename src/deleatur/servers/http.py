@@ -32,7 +32,7 @@ from ..errors import AuthenticationError, DeleaturError, InvalidInputError
 from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
 from .auth import CHALLENGE, as_caller
-from .calls import check_certificate, check_receipt, new_request_id, on_behalf, public_key
+from .calls import MAX_PAGE, check_certificate, check_receipt, list_page, new_request_id, on_behalf, public_key
 from .errors import ErrorInfo, ServerBusyError, error_info
 from .pool import HandlePool
 
@@ -480,7 +480,7 @@ def create_app(
         subject: str | None = None,
         key: str | None = None,
         history: Annotated[bool, Query(description="Include retired and superseded records.")] = False,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
         after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
         user_id: User = "default",
         agent_id: Agent = "",
@@ -489,15 +489,12 @@ def create_app(
         """Records of one space, oldest first (active ones unless ``history``), a page at a
         time: ``next`` is the cursor of the following page, null after the last."""
         where = Space(user_id, agent_id, run_id)
-        records = await serve(
-            lambda m: [
-                r.to_json()
-                for r in m.list(
-                    space=where, subject=subject, key=key, include_history=history, limit=limit, after=after
-                )
-            ]
+        records, cursor = await serve(
+            lambda m: list_page(
+                m, space=where, subject=subject, key=key, include_history=history, limit=limit, after=after
+            )
         )
-        return {"records": records, "next": records[-1]["id"] if len(records) == limit else None}
+        return {"records": [r.to_json() for r in records], "next": cursor}
 
     @app.get("/v1/history", tags=["memories"])
     async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:

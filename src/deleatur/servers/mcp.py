@@ -2,7 +2,12 @@
 
 Each tool calls one library method and answers with a short, exact message for
 the model and the same facts as structured content. Tools take the memory-space
-arguments ``user_id="default"``, ``agent_id=""``, ``run_id=""`` where they apply.
+arguments ``user_id="default"``, ``agent_id=""``, ``run_id=""`` where they apply:
+where a tool reads or writes one space. The erasure tools (``delete``,
+``delete_all``) name no space but a scope, as the library's ``SpaceFilter``, the CLI
+and HTTP do: an argument left out matches every value (``delete`` reaches every
+space of the tenant, ``delete_all`` every space of ``user_id``) and ``""`` only the
+spaces without an agent or a run.
 """
 
 # No ``from __future__ import annotations``: the SDK reads each tool's signature
@@ -12,13 +17,14 @@ arguments ``user_id="default"``, ``agent_id=""``, ``run_id=""`` where they apply
 import io
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .. import __version__
 from ..clock import system_clock
@@ -27,7 +33,7 @@ from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
 from .auth import as_caller, bearer_token
-from .calls import check_certificate, check_receipt, new_request_id, public_key
+from .calls import MAX_PAGE, check_certificate, check_receipt, list_page, new_request_id, public_key
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
@@ -42,8 +48,9 @@ DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_
 INSTRUCTIONS = """\
 deleatur is a memory store in which every GDPR data-subject right is built in.
 `remember` facts about a subject, `recall` them; `forget` retires a fact that stopped
-being true and keeps it in history; `delete` erases every trace of a subject and issues
-a signed erasure certificate (`erasure_certificate`, `verify_certificate`)."""
+being true and keeps it in history; `delete` erases every trace of a subject, in every
+space unless user_id, agent_id or run_id narrow it, and issues a signed erasure
+certificate (`erasure_certificate`, `verify_certificate`)."""
 
 
 def _ok(text: str, data: dict[str, Any]) -> CallToolResult:
@@ -55,9 +62,25 @@ def _line(record: Record) -> str:
     return f"{record.id}{key} {record.subject_original}: {record.text}"
 
 
+def _lines(records: list[Record], empty: str) -> str:
+    return "\n".join(_line(r) for r in records) if records else empty
+
+
+def _listing(records: list[Record]) -> dict[str, Any]:
+    return {"count": len(records), "records": [r.to_json() for r in records]}
+
+
 def _records(records: list[Record], empty: str) -> CallToolResult:
-    text = "\n".join(_line(r) for r in records) if records else empty
-    return _ok(text, {"count": len(records), "records": [r.to_json() for r in records]})
+    return _ok(_lines(records, empty), _listing(records))
+
+
+def _page(records: list[Record], cursor: str | None) -> CallToolResult:
+    """A page of a listing and where the next one starts (``next``, None after the last),
+    said in the text too, as a model may read only that."""
+    text = _lines(records, "No memories.")
+    if cursor is not None:
+        text += f"\nMore remain: pass after='{cursor}' for the next page."
+    return _ok(text, {**_listing(records), "next": cursor})
 
 
 def _report(report: Report) -> CallToolResult:
@@ -105,19 +128,33 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     return _ok(text, result.to_json(system_clock()))
 
 
-class _NoUnknownArguments(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _AsHttpTakesThem(BaseModel):
+    # As HTTP's bodies: JSON types as sent (an integer still stands for a number, as
+    # JSON has no other), and no other members.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _AsSent(FuncMetadata):
+    """Arguments validated as the client sent them. The SDK first decodes any string
+    that holds JSON, for every argument not typed plain ``str``: ``key="null"`` became
+    no key, and ``used='["r1"]'`` a list, which HTTP refuses."""
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        return data
 
 
 def _strict(tool: Tool) -> Tool:
-    """``tool`` refusing arguments it does not take. The SDK's argument models ignore
-    them, so a misspelt ``user_Id`` would leave ``user_id`` at its default and write into
-    another user's space; refused, the schema also says so (additionalProperties false)."""
+    """``tool`` refusing arguments it does not take, and values of another JSON type.
+    The SDK's argument models ignore unknown arguments, so a misspelt ``user_Id`` would
+    leave ``user_id`` at its default and write into another user's space; refused, the
+    schema also says so (additionalProperties false). They also coerce in pydantic's lax
+    mode: ``confidence=true`` became 1.0 and ``for_legal_claim="yes"`` true, where
+    HTTP refuses them."""
     loose = tool.fn_metadata.arg_model
-    strict = create_model(loose.__name__, __base__=(loose, _NoUnknownArguments))
+    strict = create_model(loose.__name__, __base__=(loose, _AsHttpTakesThem))
     return tool.model_copy(
         update={
-            "fn_metadata": tool.fn_metadata.model_copy(update={"arg_model": strict}),
+            "fn_metadata": _AsSent(**{**dict(tool.fn_metadata), "arg_model": strict}),
             "parameters": strict.model_json_schema(by_alias=True),
         }
     )
@@ -139,7 +176,9 @@ class _Server(MCPServer[Any]):
             problems: dict[str, set[str]] = {"unknown": set(), "invalid": set()}
             for error in exc.__cause__.errors():
                 kind = "unknown" if error["type"] == "extra_forbidden" else "invalid"
-                problems[kind].add(".".join(str(part) for part in error["loc"]))
+                # The argument alone: past it the location names union members
+                # (expires_at.int, expires_at.str) or list positions, not arguments.
+                problems[kind].add(str(error["loc"][0]) if error["loc"] else "arguments")
             said = "; ".join(
                 f"{kind} argument(s): {', '.join(sorted(names))}" for kind, names in problems.items() if names
             )
@@ -248,26 +287,32 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         subject: str | None = None,
         key: str | None = None,
         include_history: bool = False,
-        limit: int = 100,
+        limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = 100,
+        after: str | None = None,
         user_id: str = "default",
         agent_id: str = "",
         run_id: str = "",
     ) -> CallToolResult:
-        """The memories of one space, oldest first (active ones unless include_history)."""
+        """The memories of one space, oldest first (active ones unless include_history), a
+        page of at most limit at a time: while more remain the answer's next is a record
+        id, to pass as after for the following page; next is null after the last page."""
 
         def run(memory: Memory) -> CallToolResult:
-            records = memory.list(
+            records, cursor = list_page(
+                memory,
                 space=Space(user_id, agent_id, run_id),
                 subject=subject,
                 key=key,
                 include_history=include_history,
                 limit=limit,
+                after=after,
             )
-            return _records(list(records), "No memories.")
+            return _page(records, cursor)
 
         return call(ctx, run)
 
-    @tool(ADDITIVE)
+    # Destructive: no call brings a retired record back (MCP's false means only additive updates).
+    @tool(DESTRUCTIVE)
     def forget(
         ctx: Ctx,
         record_id: str | None = None,
@@ -296,11 +341,14 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         text: str,
         reason: str,
         erase_previous: bool = False,
+        for_legal_claim: bool = False,
         user_id: str = "default",
         agent_id: str = "",
         run_id: str = "",
     ) -> CallToolResult:
-        """Art. 16: correct the value of a key; with erase_previous the wrong values are hard-deleted."""
+        """Art. 16: correct the value of a key; with erase_previous the wrong values are
+        hard-deleted. for_legal_claim: a correction for a legal claim, allowed while the
+        subject's processing is restricted."""
 
         def run(memory: Memory) -> CallToolResult:
             record = memory.rectify(
@@ -310,6 +358,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 actor=memory.principal.name,
                 space=Space(user_id, agent_id, run_id),
                 erase_previous=erase_previous,
+                for_legal_claim=for_legal_claim,
             )
             erased = " (earlier values erased)" if erase_previous else ""
             return _ok(f"Rectified {record.key}: {record.id} supersedes {record.supersedes}{erased}.", record.to_json())
@@ -320,22 +369,21 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     def delete(
         ctx: Ctx,
         subject: str,
-        user_id: str = "default",
-        agent_id: str = "",
-        run_id: str = "",
-        all_spaces: bool = False,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
         dry_run: bool = False,
         confirmation: str | None = None,
         allow_ambiguous: bool = False,
     ) -> CallToolResult:
-        """Art. 17: permanently erase every record of a subject in user_id's spaces (only that
-        agent's or run's if agent_id or run_id is given; every user's with all_spaces), history and
-        derived records included, and destroy its key. A dry run shows what would go and issues the
-        confirmation token agents must present."""
-        # As delete_all, the CLI and HTTP read them: an empty agent or run id is every one.
-        scope = SpaceFilter() if all_spaces else SpaceFilter(user_id, agent_id or None, run_id or None)
+        """Art. 17: permanently erase every record of a subject, history and derived records
+        included, and destroy its key: in every space of every user unless narrowed. user_id,
+        agent_id and run_id each narrow it to the spaces with that value; "" for agent_id or
+        run_id is the spaces with no agent or run. Records of the subject outside the scope are
+        kept, and its key with them. A dry run shows what would go and issues the confirmation
+        token agents must present."""
 
         def run(memory: Memory) -> CallToolResult:
             result = memory.erase(
@@ -343,7 +391,9 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
                 requester=memory.principal.name,
-                scope=scope,
+                # Filters, as the library, the CLI (erase --agent "") and HTTP read them: left
+                # out, any value; "" the spaces without one. No space, so no "default" user.
+                scope=SpaceFilter(user_id, agent_id, run_id),
                 dry_run=dry_run,
                 issue_token=dry_run,
                 confirmation=confirmation,
@@ -357,20 +407,21 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     def delete_all(
         ctx: Ctx,
         user_id: str = "default",
-        agent_id: str = "",
-        run_id: str = "",
+        agent_id: str | None = None,
+        run_id: str | None = None,
         request_id: str | None = None,
         basis: str = DEFAULT_BASIS,
         dry_run: bool = False,
         confirmation: str | None = None,
     ) -> CallToolResult:
-        """Account deletion: with agent_id and run_id empty, every space of user_id; else that one space."""
+        """Account deletion: every space of user_id and no other user's. agent_id and run_id,
+        if given, narrow it to the spaces with that value; "" is the spaces with no agent or run."""
 
         def run(memory: Memory) -> CallToolResult:
             result = memory.erase_all(
                 user_id=user_id,
-                agent_id=agent_id or None,
-                run_id=run_id or None,
+                agent_id=agent_id,
+                run_id=run_id,
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
                 requester=memory.principal.name,
@@ -446,7 +497,8 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
         return call(ctx, run)
 
-    @tool(ADDITIVE)
+    # Destructive: it turns away later writes and recalls of the subject's records.
+    @tool(DESTRUCTIVE)
     def restrict(ctx: Ctx, subject: str, reason: str) -> CallToolResult:
         """Art. 18: keep a subject's records but stop recalling them and refuse new writes."""
 
@@ -458,12 +510,22 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
     @tool(ADDITIVE)
     def record_decision(
-        ctx: Ctx, summary: str, used: list[str], user_id: str = "default", agent_id: str = "", run_id: str = ""
+        ctx: Ctx,
+        summary: str,
+        used: list[str],
+        for_legal_claim: bool = False,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
     ) -> CallToolResult:
-        """Sign and keep a snapshot of exactly the memories (by id) a decision used."""
+        """Sign and keep a snapshot of exactly the memories (by id) a decision used.
+        for_legal_claim: a decision for a legal claim, allowed to use the memories of a
+        subject whose processing is restricted."""
 
         def run(memory: Memory) -> CallToolResult:
-            decision = memory.record_decision(summary, used, space=Space(user_id, agent_id, run_id))
+            decision = memory.record_decision(
+                summary, used, space=Space(user_id, agent_id, run_id), for_legal_claim=for_legal_claim
+            )
             beliefs = len(decision.body["beliefs"])
             text = f"Recorded decision {decision.id} using {beliefs} belief(s); explain it with explain_decision."
             return _ok(text, decision.to_json())
