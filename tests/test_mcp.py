@@ -142,6 +142,8 @@ async def _tour(session: ClientSession) -> None:
     assert missing.is_error
 
     await _call(session, "remember", text="x", subject="S", user_id="acct", agent_id="a")
+    unnamed = await session.call_tool("delete_all", {"request_id": "ACC-0"})  # never "default" by default
+    assert unnamed.is_error and "user_id" in _text(unnamed)
     account = await _call(session, "delete_all", user_id="acct", request_id="ACC-1")
     assert _text(account).startswith("Erased all memory for 'acct' (1 record(s)).")
     purged = await _call(session, "purge_expired", older_than_days=3650)

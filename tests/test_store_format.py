@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import apsw
@@ -157,6 +159,37 @@ def test_init_refuses_to_overwrite_and_cleans_up_after_failure(tmp_path: Path) -
     with pytest.raises(RuntimeError, match="injected failure"):
         Memory.init(fresh, from_bytes(MASTER), random=failing_random)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fresh.db")] == []
+
+
+@pytest.mark.parametrize(
+    "dies_in",
+    [
+        "deleatur.crypto.keystore:KeyStore.open",  # the store exists, its key store does not
+        "deleatur.memory:Memory.new_signing_key",  # no signing key yet
+        "deleatur.memory:Memory._announce_first_key",  # its key file written, not announced
+    ],
+)
+def test_an_init_killed_part_way_is_finished_by_running_init_again(tmp_path: Path, dies_in: str) -> None:
+    """Killed, an init cleans nothing up: what it made must neither block a new init nor
+    give a store that writes with a signing key its log never announced."""
+    module, attr = dies_in.split(":")
+    owner, name = attr.split(".")
+    script = f"""
+import os, sys, importlib
+sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+from deleatur import Memory
+setattr(getattr(importlib.import_module({module!r}), {owner!r}), {name!r}, lambda *a, **k: os._exit(9))
+Memory.init({str(tmp_path / "m.db")!r})
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    memory, info = Memory.init(tmp_path / "m.db")
+    with memory:
+        assert info.master_key.endswith("m.db.master-key")
+        memory.remember("after the crash", subject="a")
+        report = memory.verify_log()
+        assert report.ok, report
+    with pytest.raises(StoreError, match="already exists"):
+        Memory.init(tmp_path / "m.db")  # a store in use is never taken over
 
 
 def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:

@@ -186,6 +186,12 @@ class Memory:
         # An erasure whose records were deleted but whose keys a crash kept alive
         # is finished before anything else happens.
         finish_all_pending(self)
+        signer = self.log.signer
+        self._key_announced_at_open = signer is not None and not self._shared.keys_announced
+        if signer is not None and self._key_announced_at_open:
+            # new_signing_key (init's last step) wrote the key file and died before the
+            # announcement committed: finish it, or the log signs with a key it never named.
+            self._announce_first_key(signer)
         if self.backend.index_holds_words():
             self._hash_index_terms()
         if self.backend.scrub_pending():
@@ -247,17 +253,25 @@ class Memory:
     ) -> tuple[Memory, StoreInfo]:
         """Create a store, its key store and (unless ``master`` is given) a master key file.
 
-        Refuses to touch anything that already exists, and removes what it made if a
-        later step fails, so a failed init leaves the directory as it was.
+        Never overwrites anything, and removes what it made if a later step fails, so a
+        failed init leaves the directory as it was. An init that was killed part way is
+        finished by running it again: a master key file it wrote is used, not replaced,
+        and a store it made that nothing has used yet gets its signing key.
         """
         store_path = Path(path)
         made: list[Path] = []
-        existing = [p for p in (store_path, keystore_path(store_path)) if p.exists()]
+        options: dict[str, Any] = {"tenant": tenant, "clock": clock, "random": random, "max_text_bytes": max_text_bytes}
         if master is None:
             key_file = key_file or default_key_file(store_path)
-            existing += [key_file] if key_file.exists() else []
-        if existing:
-            raise StoreError(f"{existing[0]} already exists; refusing to overwrite it")
+            if key_file.exists() and (store_path.exists() or not keystore_path(store_path).exists()):
+                master = from_file(key_file)  # an earlier init's, perhaps killed before it made the store
+        if store_path.exists():
+            return cls._finish_init(store_path, master, options)
+        if keystore_path(store_path).exists():
+            raise StoreError(
+                f"{keystore_path(store_path)} exists but its store {store_path} does not: if an init was"
+                " interrupted, remove that key store (it serves no store) and run init again"
+            )
         if not store_path.parent.is_dir():
             raise NotFoundError(f"directory {store_path.parent} does not exist")
         try:
@@ -267,15 +281,7 @@ class Memory:
                 made.append(key_file)
                 master = from_file(key_file)
             made += [store_path, keystore_path(store_path), signing_key_path(store_path)]
-            memory = cls.open(
-                store_path,
-                master,
-                tenant=tenant,
-                clock=clock,
-                random=random,
-                max_text_bytes=max_text_bytes,
-                create=True,
-            )
+            memory = cls.open(store_path, master, create=True, **options)
             try:
                 memory.new_signing_key()
             except BaseException:
@@ -285,6 +291,29 @@ class Memory:
             for created in made:
                 for part in (created, *(created.with_name(created.name + s) for s in ("-wal", "-shm"))):
                     part.unlink(missing_ok=True)
+            raise
+        return memory, memory.info()
+
+    @classmethod
+    def _finish_init(
+        cls, store_path: Path, master: MasterKeySource | None, options: dict[str, Any]
+    ) -> tuple[Memory, StoreInfo]:
+        """``init`` over an existing store: finish it if an init was killed before its
+        signing key was announced and nothing has used the store since; else refuse."""
+        refusal = StoreError(f"{store_path} already exists; refusing to overwrite it")
+        if master is None:
+            raise refusal
+        # create: files an init made and was killed before it set up are set up now.
+        memory = cls.open(store_path, master, create=True, **options)
+        try:
+            # Opening announces a key file that init wrote and did not get to announce.
+            interrupted = memory.log.signer is None or memory._key_announced_at_open
+            if not interrupted or memory.backend.log_size() > len(memory.backend.signing_keys()):
+                raise refusal
+            if memory.log.signer is None:
+                memory.new_signing_key()
+        except BaseException:
+            memory.close()
             raise
         return memory, memory.info()
 
@@ -481,17 +510,21 @@ class Memory:
         signer = Signer.generate(self.log.origin)
         write_signer(self.signing_key_path, signer, replace=False)
         try:
-            # The key, its checkpoint and the call's audit entry commit together.
-            with self._logged(sign=True):
-                self.log.signer = signer
-                self.log.announce_key(signer, previous=None)
-                self.log.checkpoint()
-            self._shared.keys_announced = True
+            self._announce_first_key(signer)
         except BaseException:
             self.log.signer = None
             self.signing_key_path.unlink(missing_ok=True)
             raise
         return signer
+
+    def _announce_first_key(self, signer: Signer) -> None:
+        # The key, its checkpoint and the call's audit entry (if any) commit together.
+        with self._logged(sign=True):
+            self.log.signer = signer
+            if not self.backend.signing_keys():  # another process opening the store may have
+                self.log.announce_key(signer, previous=None)
+                self.log.checkpoint()
+        self._shared.keys_announced = True
 
     @guarded("log.rotate_key", A)
     def rotate_signing_key(self) -> Signer:

@@ -406,7 +406,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     @tool(DESTRUCTIVE)
     def delete_all(
         ctx: Ctx,
-        user_id: str = "default",
+        user_id: str,  # no default: an account erasure names its account, as over HTTP and the CLI
         agent_id: str | None = None,
         run_id: str | None = None,
         request_id: str | None = None,
