@@ -4,6 +4,7 @@ type, and refuses with the same error class."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import math
@@ -22,6 +23,7 @@ from deleatur import (
     Checkpoint,
     DeleaturError,
     Hit,
+    InvalidInputError,
     Memory,
     Record,
     Role,
@@ -31,6 +33,8 @@ from deleatur import (
     from_bytes,
     verify_receipt,
 )
+from deleatur import client as client_module
+from deleatur.access.audit import AuditEntry
 from deleatur.client import Client
 from deleatur.clock import LATEST, system_clock
 from deleatur.erasure.engine import ErasureResult
@@ -256,7 +260,35 @@ REFUSALS: dict[str, Call] = {
     "token outside a dry run": lambda m: m.erase("Amb", request_id="TOK-1", basis="b", requester="r", issue_token=True),
     "ambiguous subject": lambda m: m.erase("Amb", request_id="AMB-1", basis="b", requester="r"),
     "request id reused": lambda m: m.erase("someone else", request_id="REUSED-1", basis="b", requester="r"),
+    # Arguments the client converted or sent before the library could see them: they
+    # raised TypeError, ValueError or httpx.InvalidURL, or reached another route.
+    "metadata a list": lambda m: m.remember("t", subject="s", metadata=[1, 2]),
+    "metadata a string": lambda m: m.remember("t", subject="s", metadata="x"),
+    "metadata an empty list": lambda m: m.remember("t", subject="s", metadata=[]),
+    "list limit beyond SQLite's integers": lambda m: m.list(limit=2**63),
+    "audit limit beyond SQLite's integers": lambda m: m.audit_entries(limit=2**63),
+    "key too long for a URL": lambda m: m.history("k" * 70_000),
+    "export subject too long for a URL": lambda m: m.export_json(io.StringIO(), subject="s" * 70_000),
+    "empty record id": lambda m: m.get(""),
+    "receipt of an empty record id": lambda m: m.receipt(""),
+    "empty decision id": lambda m: m.explain_decision(""),
+    "decision id holding a slash": lambda m: m.explain_decision("a/b"),
+    "empty request id": lambda m: m.erasure_request(""),
+    "certificate of an empty request id": lambda m: m.certificate(""),
+    "record id holding a slash": lambda m: m.get("a/receipt"),
+    "subject holding a line break": lambda m: m.erase("a\nb", request_id="NL-1", basis="b", requester="r"),
+    "user id holding a line break": lambda m: m.erase_all(user_id="a\nb", request_id="NL-2", basis="b", requester="r"),
+    "confirmation required": lambda m: m.erase(
+        "Nobody", request_id="RC-1", basis="b", requester="r", require_confirmation=True
+    ),
+    "account erasure confirmation required": lambda m: m.erase_all(
+        user_id="refusals", request_id="RC-2", basis="b", requester="r", require_confirmation=True
+    ),
 }
+
+#: Refusals of ids a route cannot take as they are (empty, or holding '/'): the client
+#: refuses them as the library does, message and all, rather than call another route.
+SAME_MESSAGE = [name for name in REFUSALS if " id" in name and ("empty" in name or "slash" in name)]
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +309,132 @@ def test_refusals_are_the_librarys_errors(admin: Pair, refusal_setup: None, name
     with pytest.raises(DeleaturError) as remote:
         REFUSALS[name](admin.remote)
     assert type(remote.value) is type(local.value), (remote.value, local.value)
+
+
+@pytest.mark.parametrize("name", SAME_MESSAGE)
+def test_ids_a_route_cannot_take_are_refused_with_the_librarys_message(admin: Pair, name: str) -> None:
+    with pytest.raises(DeleaturError) as local:
+        REFUSALS[name](admin.local)
+    with pytest.raises(DeleaturError) as remote:
+        REFUSALS[name](admin.remote)
+    assert (type(remote.value), remote.value.message) == (type(local.value), local.value.message)
+
+
+def test_a_query_too_long_for_a_url_is_answered(admin: Pair) -> None:
+    client, memory = admin.remote, admin.local
+    space = Space("long-query")
+    client.remember("the zebra crossing", subject="Roads", space=space)
+    query = "zebra " + "word " * 14_000  # over 64 KiB, which no URL carries; the library answers it
+    remote = client.recall(query, space=space)
+    same(remote, memory.recall(query, space=space))
+    assert [hit.record.text for hit in remote] == ["the zebra crossing"]
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_dot_segments_reach_their_own_route(admin: Pair, name: str) -> None:
+    """URL normalization removes a "." or ".." segment: sent as it was, erase(".") became
+    a DELETE of /v1/subjects, erase("..") of /v1, and unrestrict("..") found no route."""
+    client, memory = admin.remote, admin.local
+    subject_space, user_space = Space(f"dots{len(name)}"), Space(name)
+    client.remember("a dotted subject", subject=name, space=subject_space)
+    client.remember("a dotted user", subject=f"Dot {len(name)}", space=user_space)
+    client.restrict(name, reason="contested")
+    client.unrestrict(name)
+    assert all(r.subject != name for r in memory.restrictions())
+    gone = client.erase(name, request_id=f"DOT-{len(name)}", scope=SpaceFilter(subject_space.user_id))
+    assert gone.request is not None and gone.request.counts["records"] == 1
+    same(gone.request, memory.erasure_request(f"DOT-{len(name)}"))
+    account = client.erase_all(user_id=name, request_id=f"DOTU-{len(name)}")
+    assert account.request is not None and account.request.counts["records"] == 1
+    same(account.request, memory.erasure_request(f"DOTU-{len(name)}"))
+
+
+def test_the_audit_trail_is_the_librarys(admin: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, memory = admin.remote, admin.local
+    client.remember("audited", subject="Audit Al", space=Space("auditing"))
+    monkeypatch.setattr(client_module, "_PAGE", 7)  # so the stream follows many pages
+    fixed = memory.checkpoint()  # entries before it do not change; reading the trail adds more
+    size = Checkpoint.parse(fixed.text).size
+    for arguments in ({}, {"start": 3, "limit": 20}, {"calls_only": True, "limit": 9}, {"actor": "test admin"}):
+        remote = client.audit_entries(**arguments)
+        local = memory.audit_entries(**arguments)
+        assert isinstance(remote, Iterator) and isinstance(local, Iterator), arguments
+        remote_shown = [e.to_json() for e in remote if e.index < size]
+        local_shown = [e.to_json() for e in local if e.index < size]
+        assert remote_shown == local_shown and remote_shown, arguments
+        if "limit" in arguments:
+            assert len(list(client.audit_entries(**arguments))) == arguments["limit"]
+    named = [e for e in memory.audit_entries() if e.subject is not None]
+    assert named  # entries that name their subject read back with the name
+    for entry in named:
+        assert AuditEntry.from_json(entry.to_json()).to_json() == entry.to_json()
+    memory.checkpoint()
+    remote_report, local_report = client.verify_audit(), memory.verify_audit()
+    same(remote_report, local_report)
+    assert remote_report.ok
+
+
+def test_pins_are_refused_not_ignored(admin: Pair, tmp_path: Path) -> None:
+    """The server would check its own store against them: a pinned report from it would
+    prove nothing, and an unpinned one given for a pinned call would mislead."""
+    client, memory = admin.remote, admin.local
+    key, checkpoint = memory.public_key(), memory.checkpoint()
+    calls: list[Callable[[], object]] = [
+        lambda: client.verify_log(pinned_keys=[key]),
+        lambda: client.verify_log(pinned_checkpoint=checkpoint),
+        lambda: client.verify_audit(pinned_keys=[key]),
+        lambda: client.verify_audit(state=tmp_path / "auditor.state"),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidInputError, match="verify a copy of the store"):
+            call()
+    assert not (tmp_path / "auditor.state").exists()
+
+
+#: Memory's calls the client does not have: none of them maps onto a route.
+NOT_IN_CLIENT = {
+    # No batch route, and a call per item would not be all-or-nothing, as the library's is.
+    "remember_many",
+    # The operator's: opening stores, principals, keys, witnesses, retention policy.
+    "init",
+    "open",
+    "info",
+    "as_principal",
+    "authenticate",
+    "create_principal",
+    "principals",
+    "revoke_principal",
+    "new_signing_key",
+    "rotate_signing_key",
+    "signing_keys",
+    "announced_keys",
+    "add_cosignatures",
+    "consistency_request",
+    "prove",
+    "prune_audit",
+    "set_retention",
+    "retention_policy",
+    # No route: a CSV bundle is a directory, a residue scan is an operator's audit.
+    "export_csv",
+    "residue",
+}
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+def test_the_clients_calls_take_the_librarys_arguments() -> None:
+    """The same names, of the same kinds (positional, keyword-only), for every call both
+    have; the client may give defaults where the server supplies one (a request id, the
+    requester)."""
+    assert _public(Memory) - _public(Client) == NOT_IN_CLIENT
+    for name in sorted(_public(Memory) & _public(Client)):
+        remote = inspect.signature(getattr(Client, name)).parameters.values()
+        local = inspect.signature(getattr(Memory, name)).parameters.values()
+        assert {p.name: p.kind for p in remote} == {p.name: p.kind for p in local}, name
+        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert [p.name for p in remote if p.kind is positional] == [p.name for p in local if p.kind is positional]
 
 
 def test_a_viewers_refusals_are_the_librarys(pairs: dict[Role, Pair]) -> None:

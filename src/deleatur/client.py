@@ -11,6 +11,20 @@ nonce, an erasure's blind references, and the plan of an erasure that ran (see
 :class:`~deleatur.erasure.engine.ErasureResult`). Refusals raise the library's own
 errors (``NotFoundError``, ``InvalidInputError``, ...) carrying ``status`` and ``code``.
 
+Where the two differ, on purpose:
+
+- ``remember_many`` is absent: the API has no batch route, and writing the items one
+  call at a time would not be all-or-nothing, as the library's batch is.
+- ``verify_log`` and ``verify_audit`` refuse ``pinned_keys``, ``pinned_checkpoint`` and
+  ``state``: a pin is worth something only when the verifier runs the check, and here
+  the server would check the store it serves against the caller's pins and report
+  its own verdict. Verify a copy of the store with the library, or with ``deleatur log
+  verify --expected-pubkey ... --expected-checkpoint ...``.
+- ``audit_entries`` returns entries without the sealed subject (``sealed``), which
+  stays in the store.
+- ``recall`` sends its query in a body, which the server takes up to its body limit
+  (1 MiB by default; a longer query is refused as bad input): the library takes any.
+
     with Client("http://127.0.0.1:8765", api_key=KEY) as memory:
         record = memory.remember("Alice prefers email", subject="Alice Martin")
         memory.erase("Alice Martin", request_id="DSAR-17", basis="Art. 17(1)(a)")
@@ -22,20 +36,23 @@ import builtins
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from .access.audit import AuditEntry
 from .decisions.snapshots import Decision
 from .erasure.engine import DRY_RUN_FIRST, ErasureResult
-from .erasure.requests import ErasureRequest
+from .erasure.requests import ErasureRequest, check_request_id
 from .errors import DeleaturError, InvalidInputError
+from .ids import check_record_id
 from .log.note import Note, Verifier
 from .log.receipt import Receipt
 from .log.report import Report
-from .model import DEFAULT_SPACE, EVERYWHERE, Hit, Record, Space, SpaceFilter
+from .model import DEFAULT_SPACE, EVERYWHERE, Hit, Record, Space, SpaceFilter, check_int, validate_metadata
 from .rights.export import TextSink
 from .rights.restriction import Restriction
 from .servers.errors import remote_error
@@ -44,6 +61,7 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_BASIS = "Art. 17"
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 #: Records per page when following the server's list pages.
 _PAGE = 1000
@@ -59,14 +77,58 @@ def _space(space: Space) -> dict[str, str]:
 #: An argument holding a lone surrogate (what a bad decode leaves) cannot go into a request.
 _NOT_UTF8 = "an argument is not valid UTF-8 (it holds a lone surrogate)"
 _NOT_JSON = "an argument has no JSON form (a value of another type, NaN or an infinity, a cycle, or nesting too deep)"
+#: What a URL over 64 KiB (httpx's limit) held: the arguments sent in a URL are ones the
+#: library bounds far below that (names, notes, ids), so it refuses them as bad input too.
+#: The one exception: an erasure's confirmation, which the library calls an unknown token.
+_TOO_LONG = "an argument is too long: over the length any deleatur name or note may have"
+_PINS_REFUSED = (
+    "pins are checked only where the verification runs, and over HTTP the server would check its own"
+    " store against them: verify a copy of the store with the library, or with 'deleatur log verify"
+    " --expected-pubkey ... --expected-checkpoint ...'"
+)
 
 
-def _segment(value: str) -> str:
-    """A path segment: a subject or user id may hold '/', '?' or '#'."""
+def _segment(value: str, check: Callable[[str], object] | None = None) -> str:
+    """A path segment, percent-encoded: a subject or user id may hold '/', '?' or '#'
+    (the routes that take one take the rest of the path). A segment "." or ".." goes as
+    %2E, since URL normalization would remove it and the call would reach another route.
+    ``check`` is the library's own check of an id whose route takes one segment: an empty
+    id, or one holding '/', would reach another route, so what the library refuses is
+    refused here, with the library's error."""
+    if check is not None:
+        check(value)
     try:
-        return quote(value, safe="")
+        quoted = quote(value, safe="")
     except UnicodeEncodeError:
         raise InvalidInputError(_NOT_UTF8) from None
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
+def _no_pins(*pins: object) -> None:
+    if any(pin is not None for pin in pins):
+        raise InvalidInputError(_PINS_REFUSED)
+
+
+def _page_size(limit: int | None, done: int) -> int:
+    return _PAGE if limit is None else min(_PAGE, limit - done)
+
+
+def _stream(fetch: Callable[[C, int], tuple[builtins.list[T], C | None]], cursor: C, limit: int | None) -> Iterator[T]:
+    """The items of a paged route, streamed: ``fetch(cursor, done)`` gets a page and the
+    cursor of the next (None after the last). The first page is fetched now, so a refusal
+    is raised when the call is made, as the library raises it; the next ones as the items
+    are read, until the last page or ``limit`` items."""
+
+    def rest(items: builtins.list[T], following: C | None) -> Iterator[T]:
+        done = 0
+        while True:
+            yield from items
+            done += len(items)
+            if following is None or (limit is not None and done >= limit):
+                return
+            items, following = fetch(following, done)
+
+    return rest(*fetch(cursor, 0))
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,6 +177,26 @@ class Client:
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
 
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """A request, built here so that an argument no request can carry is bad input,
+        as the library calls it, and not httpx's error."""
+        content = None if body is None else _encode(body)
+        sent = dict(headers or {}) | ({} if content is None else {"Content-Type": "application/json"})
+        try:
+            return self.http.build_request(method, path, params=_drop_none(params or {}), content=content, headers=sent)
+        except UnicodeEncodeError:
+            raise InvalidInputError(_NOT_UTF8) from None
+        except httpx.InvalidURL:
+            raise InvalidInputError(_TOO_LONG) from None
+
     def _call(
         self,
         read: Callable[[Any], T],
@@ -126,12 +208,9 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> T:
         """One request; ``read`` makes the library's type of the answer's JSON."""
-        content = None if body is None else _encode(body)
-        sent = dict(headers or {}) | ({} if content is None else {"Content-Type": "application/json"})
+        request = self._request(method, path, params=params, body=body, headers=headers)
         try:
-            response = self.http.request(method, path, params=_drop_none(params or {}), content=content, headers=sent)
-        except UnicodeEncodeError:
-            raise InvalidInputError(_NOT_UTF8) from None
+            response = self.http.send(request)
         except httpx.TransportError as exc:
             # The library's callers catch DeleaturError: so must a remote store's.
             raise DeleaturError(f"cannot reach the deleatur server at {self.http.base_url}: {exc}") from None
@@ -167,7 +246,8 @@ class Client:
             "text": text,
             "subject": subject,
             "key": key,
-            "metadata": None if metadata is None else dict(metadata),
+            # Checked by the library's rule here: dict() of a non-mapping is not bad input.
+            "metadata": None if metadata is None else validate_metadata(metadata),
             "source": source,
             "confidence": confidence,
             "derived_from": builtins.list(derived_from),
@@ -178,12 +258,14 @@ class Client:
         return self._call(Record.from_json, "POST", "/v1/memories", body=_drop_none(body))
 
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Hit]:
-        """Hits, best first: records with their ``score``."""
-        params = {"q": query, "limit": limit, **_space(space)}
-        return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "GET", "/v1/memories/search", params=params)
+        """Hits, best first: records with their ``score``. The query goes in the body: the
+        library takes one of any length, which a URL cannot carry, and a URL is logged."""
+        body = {"q": query, "limit": limit, **_space(space)}
+        return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "POST", "/v1/memories/search", body=body)
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
-        return self._call(Record.from_json, "GET", f"/v1/memories/{_segment(record_id)}", params=_space(space))
+        path = f"/v1/memories/{_segment(record_id, check_record_id)}"
+        return self._call(Record.from_json, "GET", path, params=_space(space))
 
     def list(
         self,
@@ -197,24 +279,17 @@ class Client:
     ) -> Iterator[Record]:
         """Every record (or the first ``limit``), oldest first, streamed as the library's
         ``list`` streams them: the server's pages are followed to the end, never silently
-        cut. The first page is fetched when the call is made, so a refusal is raised then,
-        as the library raises it; the next ones as the records are read."""
+        cut."""
+        if limit is not None:
+            # The pages ask for at most _PAGE records: the server never sees this limit.
+            check_int(limit, "limit", low=1)
         params: dict[str, Any] = {"subject": subject, "key": key, "history": include_history, **_space(space)}
 
         def fetch(cursor: str | None, done: int) -> tuple[builtins.list[Record], str | None]:
-            size = _PAGE if limit is None else min(_PAGE, limit - done)
-            return self._call(_page, "GET", "/v1/memories", params={**params, "limit": size, "after": cursor})
+            page = {**params, "limit": _page_size(limit, done), "after": cursor}
+            return self._call(_page, "GET", "/v1/memories", params=page)
 
-        def stream(records: builtins.list[Record], cursor: str | None) -> Iterator[Record]:
-            done = 0
-            while True:
-                yield from records
-                done += len(records)
-                if cursor is None or (limit is not None and done >= limit):
-                    return
-                records, cursor = fetch(cursor, done)
-
-        return stream(*fetch(after, 0))
+        return _stream(fetch, after, limit)
 
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         params = {"key": key, **_space(space)}
@@ -249,7 +324,7 @@ class Client:
         return self._call(Record.from_json, "POST", "/v1/rectify", body=_drop_none(body))
 
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
-        path = f"/v1/memories/{_segment(record_id)}/receipt"
+        path = f"/v1/memories/{_segment(record_id, check_record_id)}/receipt"
         return self._call(Receipt.from_json, "GET", path, params=_space(space))
 
     # -- erasure (Art. 17) --------------------------------------------------------------
@@ -266,6 +341,7 @@ class Client:
         allow_ambiguous: bool = False,
         issue_token: bool = False,
         confirmation: str | None = None,
+        require_confirmation: bool = False,
     ) -> ErasureResult:
         """The request the erasure made (its ``plan`` is None: the server does not send
         back what it erased), or with ``dry_run`` the plan (and ``token`` with
@@ -274,7 +350,7 @@ class Client:
         if _dry_run(dry_run, issue_token):
             return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
         where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
-        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        asked = _asked(basis, requester, confirmation, require_confirmation)
         return self._erase(f"/v1/subjects/{_segment(subject)}", request_id, {**asked, **where})
 
     def erase_all(
@@ -289,11 +365,12 @@ class Client:
         dry_run: bool = False,
         issue_token: bool = False,
         confirmation: str | None = None,
+        require_confirmation: bool = False,
     ) -> ErasureResult:
         if _dry_run(dry_run, issue_token):
             return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
         where = {"agent_id": agent_id, "run_id": run_id}
-        asked = {"basis": basis, "requester": requester, "confirmation": confirmation}
+        asked = _asked(basis, requester, confirmation, require_confirmation)
         return self._erase(f"/v1/users/{_segment(user_id)}", request_id, {**asked, **where})
 
     def _erase(self, path: str, request_id: str | None, params: Mapping[str, Any]) -> ErasureResult:
@@ -306,13 +383,14 @@ class Client:
 
     def erasure_request(self, request_id: str) -> ErasureRequest:
         """Status and phases, with timestamps."""
-        return self._call(ErasureRequest.from_json, "GET", f"/v1/erasures/{_segment(request_id)}")
+        path = f"/v1/erasures/{_segment(request_id, check_request_id)}"
+        return self._call(ErasureRequest.from_json, "GET", path)
 
     def erasure_requests(self) -> builtins.list[ErasureRequest]:
         return self._call(lambda d: [ErasureRequest.from_json(r) for r in d["requests"]], "GET", "/v1/erasures")
 
     def certificate(self, request_id: str) -> dict[str, Any]:
-        return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id)}/certificate")
+        return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id, check_request_id)}/certificate")
 
     def verify_certificate(self, certificate: Mapping[str, Any], *, expected_pubkey: str | None = None) -> Report:
         body = {"certificate": dict(certificate), "expected_pubkey": expected_pubkey}
@@ -366,18 +444,19 @@ class Client:
     def export_json(self, out: TextSink, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """Stream the ``deleatur-export/v1`` document into ``out``, never holding it
         whole; returns its counts (the document's last member)."""
-        params = _drop_none({"subject": subject, "user_id": user_id})
+        request = self._request("GET", "/v1/export", params={"subject": subject, "user_id": user_id})
         tail = ""
         try:
-            with self.http.stream("GET", "/v1/export", params=params) as response:
+            response = self.http.send(request, stream=True)
+            try:
                 if response.status_code >= 400:
                     response.read()
                     raise _error(response)
                 for text in response.iter_text():
                     out.write(text)
                     tail = (tail + text)[-_COUNTS_TAIL:]
-        except UnicodeEncodeError:
-            raise InvalidInputError(_NOT_UTF8) from None
+            finally:
+                response.close()
         except httpx.HTTPError:
             raise DeleaturError("the export was cut short: what was written is incomplete") from None
         # The document's last member; anchored at its end, so no record's metadata can pose as it.
@@ -397,8 +476,37 @@ class Client:
         """The log's current verifier key: as the server says; pin one obtained out of band."""
         return self._call(lambda d: Verifier.from_vkey(d["vkey"]), "GET", "/v1/public-key")
 
-    def verify_log(self) -> Report:
+    def verify_log(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+    ) -> Report:
+        """The server's verification of its log, unpinned: pins are refused (see the module)."""
+        _no_pins(pinned_keys, pinned_checkpoint)
         return self._call(Report.from_json, "GET", "/v1/log/verify")
+
+    # -- the audit trail --------------------------------------------------------------------
+
+    def audit_entries(
+        self, *, start: int = 0, limit: int | None = None, calls_only: bool = False, actor: str | None = None
+    ) -> Iterator[AuditEntry]:
+        """The audit trail of the key's tenant, oldest first from log index ``start``,
+        streamed as ``list`` streams records. Each page read is itself audited, so the
+        trail grows as it is read; the stream ends at a short page."""
+        if limit is not None:
+            check_int(limit, "limit", low=1)  # as for list: the pages ask for less
+
+        def fetch(begin: int, done: int) -> tuple[builtins.list[AuditEntry], int | None]:
+            size = _page_size(limit, done)
+            params = {"start": begin, "limit": size, "calls_only": calls_only, "actor": actor}
+            entries = self._call(_audit_page, "GET", "/v1/audit", params=params)
+            return entries, entries[-1].index + 1 if len(entries) == size else None
+
+        return _stream(fetch, start, limit)
+
+    def verify_audit(self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None) -> Report:
+        """The server's verification of the whole trail; pins and an auditor's ``state``
+        are refused, as ``verify_log`` refuses pins."""
+        _no_pins(pinned_keys, state)
+        return self._call(Report.from_json, "GET", "/v1/audit/verify")
 
     def verify_receipt(self, receipt: Receipt | Mapping[str, Any], *, key: str | None = None) -> Report:
         """A receipt (as ``receipt`` returns it, or its JSON) checked by the server, under
@@ -406,6 +514,15 @@ class Client:
         document = receipt.to_json() if isinstance(receipt, Receipt) else dict(receipt)
         body = _drop_none({"receipt": document, "key": key})
         return self._call(Report.from_json, "POST", "/v1/receipts/verify", body=body)
+
+
+def _audit_page(data: Any) -> builtins.list[AuditEntry]:
+    return [AuditEntry.from_json(e) for e in data["entries"]]
+
+
+def _asked(basis: str, requester: str | None, confirmation: str | None, require: bool) -> dict[str, Any]:
+    """An erasure DELETE's query: what the request asks, beside where it erases."""
+    return {"basis": basis, "requester": requester, "confirmation": confirmation, "require_confirmation": require}
 
 
 def _dry_run(dry_run: bool, issue_token: bool) -> bool:

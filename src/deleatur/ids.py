@@ -12,6 +12,7 @@ import uuid
 from typing import TypeGuard
 
 from .clock import Clock, Random, system_clock, system_random
+from .errors import InvalidInputError
 
 
 class IdGenerator:
@@ -63,3 +64,11 @@ def is_record_id(value: object) -> TypeGuard[str]:
     except ValueError:
         return False
     return str(parsed) == value and parsed.version == 7
+
+
+def check_record_id(value: object, what: str | None = None) -> str:
+    """A record id, else an InvalidInputError quoting it (after ``what``, the argument's
+    name, when there is one)."""
+    if not is_record_id(value):
+        raise InvalidInputError(f"{'' if what is None else what + ': '}{value!r} is not a record id")
+    return value

@@ -56,7 +56,7 @@ from .errors import (
     NotFoundError,
     StoreError,
 )
-from .ids import IdGenerator, is_record_id
+from .ids import IdGenerator, check_record_id
 from .log.checkpoint import Checkpoint
 from .log.cosignature import CosignatureVerifier
 from .log.entries import Entry, EventType, commitment
@@ -827,7 +827,7 @@ class Memory:
             text=text,
             subject=subject,
             key=key,
-            metadata=metadata or {},
+            metadata={} if metadata is None else metadata,
             source=source,
             confidence=confidence,
             derived_from=tuple(derived_from),
@@ -928,8 +928,7 @@ class Memory:
         if not lineage:
             return []
         for parent in lineage:
-            if not is_record_id(parent):
-                raise InvalidInputError(f"derived_from: {parent!r} is not a record id")
+            check_record_id(parent, "derived_from")
         # A scoped key may derive only from records it may see: a record outside its
         # scopes reads as unknown, so lineage cannot probe, or link into, other users.
         rows = self.backend.rows(self.tenant, lineage)
@@ -1385,9 +1384,7 @@ class Memory:
     # -- reading -----------------------------------------------------------------
 
     def _row_in_space(self, record_id: str, space: Space) -> StoredRow:
-        if not is_record_id(record_id):
-            raise InvalidInputError(f"{record_id!r} is not a record id")
-        row = self.backend.get(self.tenant, record_id)
+        row = self.backend.get(self.tenant, check_record_id(record_id))
         # A record in another space is reported exactly like a missing one, so a caller
         # cannot probe which ids exist outside its space.
         if row is None or row.space != space:
@@ -1443,8 +1440,8 @@ class Memory:
         """Records of one space, oldest first, streamed; active ones unless ``include_history``.
         ``after`` continues from a record id (pages for remote callers). The arguments are
         checked (and the call audited) when it is made, not when the first record is read."""
-        if after is not None and not is_record_id(after):
-            raise InvalidInputError(f"after: {after!r} is not a record id")
+        if after is not None:
+            check_record_id(after, "after")
         if limit is not None:
             check_int(limit, "limit", low=1)
         where = RowFilter(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,12 @@ class AuditEntry:
         if self.subject is not None:
             out["subject_name"] = self.subject
         return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AuditEntry:
+        """An entry read back from ``to_json``; the sealed subject it leaves out is absent."""
+        fields = {k: v for k, v in data.items() if k not in ("index", "type", "time", "subject_name")}
+        return cls(data["index"], Entry(EventType(data["type"]), data["time"], fields), data.get("subject_name"))
 
 
 def entries(

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,6 +64,65 @@ Requester = Annotated[
     Query(description="On whose behalf the caller erases; recorded as '<requester> (via <caller>)'."),
 ]
 Basis = Annotated[str, Query(description="Legal basis of the erasure.")]
+RequireConfirmation = Annotated[
+    bool, Query(description="Refuse the erasure without a dry run's token, whoever the caller is.")
+]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(description="A stable code, e.g. `not_found`, `invalid_input`, `invalid_request`.")
+    message: str = Field(description="The library's message; it never quotes record text.")
+    missing: str | None = Field(default=None, description="For a 403: the capability, or `scope`, the key lacks.")
+
+
+class ErrorBody(BaseModel):
+    """What every refusal and failure answers (``ErrorInfo.to_json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
+_WHY = {
+    401: "No API key, or one that is not valid (`unauthenticated`).",
+    403: "The key's principal lacks a capability or a scope (`access_denied`; `missing` names it).",
+    404: "Unknown record, key, request, decision, restriction or checkpoint (`not_found`).",
+    409: "The store's state refuses it (`subject_restricted`, `ambiguous_subject`, `request_id_reused`, `log_error`).",
+    410: "The subject's data key was destroyed meanwhile (`data_key_destroyed`).",
+    413: "The body is over the server's limit (`body_too_large`).",
+    422: "Bad input: refused by the library (`invalid_input`, ...) or a malformed request (`invalid_request`).",
+    428: "This caller must confirm the erasure with a dry run's token (`confirmation_required`).",
+    500: "An internal failure (`integrity_error`, `key_store_error`, `internal`).",
+    503: "The store, its keys or the server cannot take the call now (`store_unavailable`, `key_store_busy`, `busy`).",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers: every one is an :class:`ErrorBody`."""
+    return {status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses}
+
+
+# What a route can answer besides success, by what it does; every route may also
+# answer 401, 403, 500 and 503 (given to the app as a whole).
+_READ = _errors(410, 422)
+_LOOKUP = _errors(404, 410, 422)
+_WRITE = _errors(404, 409, 410, 413, 422)
+_CHECK = _errors(413, 422)
+_ERASE = _errors(409, 413, 422, 428)
+
+
+class _Rest(PathConvertor):
+    """The rest of the path, line breaks included (Starlette's ``path`` stops at one):
+    a subject or user id that the library refuses is refused by the library (422), and
+    does not miss its route (404)."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("rest", _Rest())
 
 
 #: The caller's API key, set per request before its route runs in a worker thread
@@ -104,6 +164,11 @@ class RememberBody(SpaceBody):
         description="Microseconds since the epoch, an ISO 8601 time (UTC if no offset), or a delay like 30d.",
     )
     for_legal_claim: bool = False
+
+
+class SearchBody(SpaceBody):
+    q: str = Field(description="Words to search for (BM25); a query too long for a URL fits here.")
+    limit: int = Field(default=10, ge=1, le=1000)
 
 
 class ForgetBody(SpaceBody):
@@ -393,6 +458,7 @@ def create_app(
         description="Agent memory with every GDPR data-subject right built in.",
         lifespan=lifespan,
         dependencies=[Depends(_authenticated)],
+        responses=_errors(401, 403, 500, 503),
     )
     app.router.route_class = _Route
     app.state.pool = pool
@@ -441,7 +507,7 @@ def create_app(
 
     # -- memories --------------------------------------------------------------------
 
-    @app.post("/v1/memories", status_code=201, tags=["memories"])
+    @app.post("/v1/memories", status_code=201, tags=["memories"], responses=_WRITE)
     async def remember(body: RememberBody) -> dict[str, Any]:
         """Write one memory; a new value for an existing key supersedes the old one."""
         return await serve(
@@ -459,23 +525,32 @@ def create_app(
             ).to_json()
         )
 
-    @app.get("/v1/memories/search", tags=["memories"])
+    async def search(q: str, space: Space, limit: int) -> dict[str, Any]:
+        return {"hits": [h.to_json() for h in await serve(lambda m: m.recall(q, space=space, limit=limit))]}
+
+    @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
     async def recall(
         q: Annotated[str, Query(description="Words to search for (BM25).")],
-        limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+        limit: Limit = 10,
         user_id: User = "default",
         agent_id: Agent = "",
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
-        hits = await serve(lambda m: m.recall(q, space=Space(user_id, agent_id, run_id), limit=limit))
-        return {"hits": [h.to_json() for h in hits]}
+        return await search(q, Space(user_id, agent_id, run_id), limit)
 
-    @app.get("/v1/memories/{record_id}", tags=["memories"])
+    @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413, 422))
+    async def recall_posted(body: SearchBody) -> dict[str, Any]:
+        """The same search, its query in the body: the library takes a query of any
+        length (it uses its first words), and a URL cannot carry one over 64 KiB. It also
+        keeps the query out of URLs, which proxies and access logs record."""
+        return await search(body.q, body.space(), body.limit)
+
+    @app.get("/v1/memories/{record_id}", tags=["memories"], responses=_LOOKUP)
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
         return await serve(lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json())
 
-    @app.get("/v1/memories", tags=["memories"])
+    @app.get("/v1/memories", tags=["memories"], responses=_READ)
     async def list_(
         subject: str | None = None,
         key: str | None = None,
@@ -496,18 +571,18 @@ def create_app(
         )
         return {"records": [r.to_json() for r in records], "next": cursor}
 
-    @app.get("/v1/history", tags=["memories"])
+    @app.get("/v1/history", tags=["memories"], responses=_LOOKUP)
     async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
         """Every version of a key, oldest first."""
         records = await serve(lambda m: m.history(key, space=Space(user_id, agent_id, run_id)))
         return {"records": [r.to_json() for r in records]}
 
-    @app.post("/v1/forget", tags=["memories"])
+    @app.post("/v1/forget", tags=["memories"], responses=_WRITE)
     async def forget(body: ForgetBody) -> dict[str, Any]:
         """Retire a memory (by id or key): no longer recalled, kept in history."""
         return await serve(lambda m: m.forget(space=body.space(), record_id=body.id, key=body.key).to_json())
 
-    @app.post("/v1/rectify", tags=["memories"])
+    @app.post("/v1/rectify", tags=["memories"], responses=_WRITE)
     async def rectify(body: RectifyBody) -> dict[str, Any]:
         """Art. 16: supersede the value of a key with a corrected one."""
         return await serve(
@@ -522,7 +597,7 @@ def create_app(
             ).to_json()
         )
 
-    @app.get("/v1/memories/{record_id}/receipt", tags=["log"])
+    @app.get("/v1/memories/{record_id}/receipt", tags=["log"], responses=_errors(404, 409, 422))
     async def receipt(
         record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
     ) -> dict[str, Any]:
@@ -531,7 +606,7 @@ def create_app(
 
     # -- erasure (Art. 17) -------------------------------------------------------------
 
-    @app.delete("/v1/subjects/{subject:path}", status_code=202, tags=["erasure"])
+    @app.delete("/v1/subjects/{subject:rest}", status_code=202, tags=["erasure"], responses=_ERASE)
     async def erase(
         subject: str,
         idempotency_key: Idempotency = None,
@@ -541,6 +616,7 @@ def create_app(
         run_id: Annotated[str | None, Query(description="Only this run's spaces.")] = None,
         allow_ambiguous: bool = False,
         confirmation: Confirm = None,
+        require_confirmation: RequireConfirmation = False,
         requester: Requester = None,
     ) -> JSONResponse:
         """Art. 17: erase every record of a subject (all spaces unless narrowed), with
@@ -554,11 +630,12 @@ def create_app(
                 scope=SpaceFilter(user_id, agent_id, run_id),
                 allow_ambiguous=allow_ambiguous,
                 confirmation=confirmation,
+                require_confirmation=require_confirmation,
             )
         )
         return _erasure_accepted(result)
 
-    @app.delete("/v1/users/{user_id:path}", status_code=202, tags=["erasure"])
+    @app.delete("/v1/users/{user_id:rest}", status_code=202, tags=["erasure"], responses=_ERASE)
     async def erase_all(
         user_id: str,
         idempotency_key: Idempotency = None,
@@ -566,6 +643,7 @@ def create_app(
         agent_id: Annotated[str | None, Query(description="Only this agent's space.")] = None,
         run_id: Annotated[str | None, Query(description="Only this run's space.")] = None,
         confirmation: Confirm = None,
+        require_confirmation: RequireConfirmation = False,
         requester: Requester = None,
     ) -> JSONResponse:
         """Account deletion: every space of one user (or one, with agent/run), no other user's."""
@@ -578,11 +656,12 @@ def create_app(
                 basis=basis,
                 requester=on_behalf(m, requester, "requester"),
                 confirmation=confirmation,
+                require_confirmation=require_confirmation,
             )
         )
         return _erasure_accepted(result)
 
-    @app.post("/v1/erasure-plans", tags=["erasure"])
+    @app.post("/v1/erasure-plans", tags=["erasure"], responses=_CHECK)
     async def erasure_plan(body: ErasurePlanBody) -> dict[str, Any]:
         """A dry run: what an erasure would remove (and, with ``issue_token``, its token)."""
         # A fresh id, as for an erasure without Idempotency-Key: a fixed one would name every
@@ -622,24 +701,34 @@ def create_app(
         now = system_clock()
         return {"requests": [r.to_json(now) for r in await serve(lambda m: m.erasure_requests())]}
 
-    @app.get("/v1/erasures/{request_id}", tags=["erasure"])
+    @app.get("/v1/erasures/{request_id}", tags=["erasure"], responses=_errors(404, 422))
     async def erasure_status(request_id: str) -> dict[str, Any]:
         """A request's status and phases, with timestamps."""
         found = await serve(lambda m: m.erasure_request(request_id))
         return {"request_id": found.id, **found.to_json(system_clock())}
 
-    @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"])
+    @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"], responses=_errors(404, 409, 422))
     async def erasure_certificate(request_id: str) -> dict[str, Any]:
         """The signed erasure certificate, verifiable offline with the public key alone."""
         return await serve(lambda m: m.certificate(request_id))
 
-    @app.post("/v1/certificates/verify", tags=["erasure"])
+    @app.post("/v1/certificates/verify", tags=["erasure"], responses=_CHECK)
     async def verify_certificate_route(body: VerifyCertificateBody) -> dict[str, Any]:
         """Verify a certificate offline (pin the key you got out of band with expected_pubkey)."""
 
         return await serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
 
-    @app.post("/v1/purge", tags=["erasure"])
+    @app.post(
+        "/v1/purge",
+        tags=["erasure"],
+        responses={
+            202: {
+                "description": "The purge ran: its request, as an erasure's DELETE answers.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            **_ERASE,
+        },
+    )
     async def purge(body: PurgeBody) -> Response:
         """Art. 5(1)(e): hard-delete expired records (and those older than older_than_days)."""
         result = await serve(
@@ -655,7 +744,7 @@ def create_app(
 
     # -- decisions -------------------------------------------------------------------------
 
-    @app.post("/v1/decisions", status_code=201, tags=["decisions"])
+    @app.post("/v1/decisions", status_code=201, tags=["decisions"], responses=_WRITE)
     async def record_decision(body: DecisionBody) -> dict[str, Any]:
         """Sign and keep a snapshot of exactly the beliefs a decision used."""
         return await serve(
@@ -664,7 +753,8 @@ def create_app(
             ).to_json()
         )
 
-    @app.get("/v1/decisions/{decision_id}", tags=["decisions"])
+    # :rest, so that any id, an empty one or one holding '/' included, reaches the library.
+    @app.get("/v1/decisions/{decision_id:rest}", tags=["decisions"], responses=_LOOKUP)
     async def explain_decision(
         decision_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
     ) -> dict[str, Any]:
@@ -673,7 +763,7 @@ def create_app(
 
     # -- restriction, export -------------------------------------------------------------
 
-    @app.post("/v1/restrictions", status_code=201, tags=["rights"])
+    @app.post("/v1/restrictions", status_code=201, tags=["rights"], responses=_WRITE)
     async def restrict(body: RestrictBody) -> dict[str, Any]:
         """Art. 18: keep the subject's records but stop recalling them and refuse writes."""
         return await serve(
@@ -684,7 +774,7 @@ def create_app(
     async def restrictions() -> dict[str, Any]:
         return {"restrictions": [r.to_json() for r in await serve(lambda m: m.restrictions())]}
 
-    @app.delete("/v1/restrictions/{subject:path}", tags=["rights"])
+    @app.delete("/v1/restrictions/{subject:rest}", tags=["rights"], responses=_errors(404, 422))
     async def unrestrict(
         subject: str,
         actor: Annotated[
@@ -694,7 +784,7 @@ def create_app(
         await serve(lambda m: m.unrestrict(subject, actor=on_behalf(m, actor, "actor")))
         return {"unrestricted": True}
 
-    @app.get("/v1/export", tags=["rights"], response_class=StreamingResponse)
+    @app.get("/v1/export", tags=["rights"], response_class=StreamingResponse, responses=_READ)
     async def export(subject: str | None = None, user_id: str | None = None) -> StreamingResponse:
         """Art. 15/20: everything held about a subject or a user (deleatur-export/v1),
         streamed as the library writes it: never held whole, never spooled to disk (an
@@ -708,12 +798,12 @@ def create_app(
 
     # -- the log ---------------------------------------------------------------------------
 
-    @app.get("/v1/public-key", tags=["log"])
+    @app.get("/v1/public-key", tags=["log"], responses=_errors(409))
     async def public_key_route() -> dict[str, str]:
         """The log's current verifier key, to give to verifiers out of band."""
         return await serve(public_key)
 
-    @app.get("/v1/checkpoint", tags=["log"])
+    @app.get("/v1/checkpoint", tags=["log"], responses=_errors(404, 409, 422))
     async def checkpoint(
         size: Annotated[int | None, Query(ge=0, description="A stored checkpoint's tree size.")] = None,
     ) -> dict[str, Any]:
@@ -721,10 +811,10 @@ def create_app(
         with any witness cosignatures."""
         return {"checkpoint": await serve(lambda m: m.checkpoint(size=size).format())}
 
-    @app.get("/v1/audit", tags=["audit"])
+    @app.get("/v1/audit", tags=["audit"], responses=_errors(422))
     async def audit(
         start: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Limit = 100,
         calls_only: bool = False,
         actor: Annotated[str | None, Query(description="Only this principal's calls.")] = None,
     ) -> dict[str, Any]:
@@ -752,7 +842,7 @@ def create_app(
         """Re-derive the whole log and check every checkpoint."""
         return await serve(lambda m: m.verify_log().to_json())
 
-    @app.post("/v1/receipts/verify", tags=["log"])
+    @app.post("/v1/receipts/verify", tags=["log"], responses=_CHECK)
     async def verify_receipt_route(body: VerifyReceiptBody) -> dict[str, Any]:
         """Check a write receipt, against the key given or (unpinned) the store's own keys."""
 
