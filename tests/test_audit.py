@@ -252,6 +252,10 @@ def test_purge_include_audit_cli(cli: Cli) -> None:
     assert cli("remember", "x", "-s", "a")[0] == 0
     code, _, err = cli("purge", "--include-audit")
     assert code == 2 and "--older-than" in err
+    code, _, err = cli("purge", "--older-than", "0", "--include-audit", "--request-id", "bad id!")
+    assert code == 2 and "request id" in err
+    code, out, _ = cli("audit", "show", "--json")
+    assert code == 0 and "retention" not in {json.loads(line)["type"] for line in out.splitlines()}  # nothing pruned
     code, out, _ = cli("purge", "--older-than", "0", "--include-audit", "--json")
     assert code == 0, out
     assert json.loads(out)["audit_entries_pruned"] >= 2
@@ -261,6 +265,20 @@ def test_purge_include_audit_cli(cli: Cli) -> None:
     key = json.loads(out)["api_key"]
     code, _, err = cli("--api-key", key, "purge", "--older-than", "0", "--include-audit")
     assert code == 3 and "operator" in err
+
+
+def test_an_agent_purges_through_the_cli_with_its_dry_runs_token(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    code, out, _ = cli("principals", "create", "bot", "--role", "agent", "--json")
+    key = json.loads(out)["api_key"]
+    code, _, err = cli("--api-key", key, "purge")
+    assert code != 0 and "token" in err
+    code, out, _ = cli("--api-key", key, "purge", "--dry-run", "--issue-token", "--json")
+    assert code == 0, out
+    token = json.loads(out)["token"]
+    code, out, err = cli("--api-key", key, "purge", "--confirm", token, "--json")
+    assert code == 0, err
+    assert json.loads(out)["request"]["status"] == "complete"
 
 
 def test_streaming_calls_refuse_bad_arguments_when_made_and_audit_the_failure(memory: Memory) -> None:

@@ -301,3 +301,27 @@ def test_help_shows_every_default(cli: Cli) -> None:
     assert "Store file (default: $XDG_DATA_HOME/deleatur/memory.db)." in " ".join(out.split())
     code, out, _ = cli("erase", "--help")
     assert "Who asked (default: cli:$USER)." in " ".join(out.split())
+
+
+def test_text_is_refused_with_control_characters_and_old_ones_are_shown_not_run(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory is text: an escape sequence stored in one would run in the terminal of
+    whoever lists it later (clear the screen, retitle the window)."""
+    assert cli("init")[0] == 0
+    for bad in ("wipe\x1b[2J", "ring\x07", "nul\x00"):
+        code, _, err = cli("remember", bad, "-s", "a")
+        assert code == 2 and "control characters" in err
+    assert cli("remember", "tab\tand\nline", "-s", "a")[0] == 0
+    # A record from before the rule, written past it.
+    from deleatur import memory as memory_module
+
+    real = memory_module.validate_text  # type: ignore[attr-defined]
+    monkeypatch.setattr(memory_module, "validate_text", lambda text, limit: text)
+    assert cli("remember", "old\x1b]0;owned\x07 text", "-s", "b")[0] == 0
+    monkeypatch.setattr(memory_module, "validate_text", real)
+    code, out, _ = cli("list", "--subject", "b")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "old\\x1b]0;owned\\x07 text" in out
+    code, out, _ = cli("list", "--subject", "b", "--json")
+    assert json.loads(out)[0]["text"] == "old\x1b]0;owned\x07 text"  # JSON carries it escaped, intact

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deleatur import Memory, NewMemory, NotFoundError
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError
 from deleatur.log.entries import Entry, EventType
 from deleatur.rights.restriction import RestrictedSubjectError
 
@@ -135,3 +135,25 @@ def test_restriction_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli("unrestrict", "Alice")[0] == 0
     code, out, _ = cli("recall", "tea", "--json")
     assert len(json.loads(out)) == 1
+
+
+def test_actors_and_requesters_are_one_line_as_over_http(memory: Memory) -> None:
+    """A line break in who acted would let an audit view or a certificate show someone
+    else on a line of its own; the servers refuse it, and so does the library."""
+    memory.remember("Alice phone +100", subject="Alice", key="alice::phone")
+    size = memory.backend.log_size()
+    for bad, said in (("dpo\nforged-line", "control characters"), ("x" * 513, "longer than 512"), (" ", "needs")):
+        with pytest.raises(InvalidInputError, match=said):
+            memory.restrict("Alice", reason="contested", actor=bad)
+        with pytest.raises(InvalidInputError, match=said):
+            memory.rectify("alice::phone", "Alice phone +200", reason="wrong", actor=bad)
+        with pytest.raises(InvalidInputError, match=said):
+            memory.erase("Alice", request_id="E-1", basis="Art. 17(1)(a)", requester=bad)
+    assert memory.restrictions() == [] and [r.text for r in memory.list()] == ["Alice phone +100"]
+    assert memory.erasure_requests() == []
+    memory.restrict("Alice", reason="contested", actor="  dpo  ")
+    assert [r.actor for r in memory.restrictions()] == ["dpo"]
+    with pytest.raises(InvalidInputError, match="control characters"):
+        memory.unrestrict("Alice", actor="dpo\rforged")
+    assert len(memory.restrictions()) == 1
+    assert memory.backend.log_size() > size  # the refused calls are audited, nothing else changed

@@ -83,6 +83,7 @@ from .model import (
     check_note,
     check_query,
     check_tenant,
+    check_who,
     validate_text,
 )
 from .rights.export import TextSink, export_csv, export_json
@@ -1077,10 +1078,8 @@ class Memory:
         validate_text(text, self.max_text_bytes)
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("rectify needs a reason")
-        if not isinstance(actor, str) or not actor.strip():
-            raise InvalidInputError("rectify needs an actor")
         check_note(reason, "reason")
-        check_note(actor.strip(), "actor")
+        actor = check_who(actor, "actor", missing="rectify needs an actor")
         key_ref = self._key_ref(space, canonical_key(key))
         with self._logged() as events:
             # Read the current value under the write lock, so a concurrent writer's
@@ -1121,7 +1120,7 @@ class Memory:
                 events,
                 retention=retention_for(self, space),
                 reason=reason.strip(),
-                actor=actor.strip(),
+                actor=actor,
                 erased=tuple(sorted(earlier)),
             )
             # Re-read after the write: the value it superseded has left the index since.

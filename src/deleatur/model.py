@@ -53,6 +53,26 @@ def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str
     return value
 
 
+#: The longest actor or requester: room for the servers' '<named> (via <principal>)'.
+MAX_WHO_CHARS = 512
+
+
+def check_who(value: object, what: str, *, missing: str) -> str:
+    """Who acted (an actor) or asked (a requester), trimmed: one line, since a line
+    break would let a record or an audit view show someone else on a line of its own
+    (a tab stays: a principal named before names refused it may hold one). ``missing``
+    is the message for a blank one."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(missing)
+    value = value.strip()
+    _check_utf8(value, what)
+    if len(value) > MAX_WHO_CHARS:
+        raise InvalidInputError(f"{what} is longer than {MAX_WHO_CHARS} characters")
+    if any(unicodedata.category(ch) == "Cc" and ch != "\t" for ch in value):
+        raise InvalidInputError(f"{what} contains control characters (it is one line of text)")
+    return value
+
+
 def check_query(query: object) -> str:
     """A recall query: text, and valid UTF-8 like everything that is stored."""
     if not isinstance(query, str):
@@ -140,6 +160,10 @@ def validate_text(text: str, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise InvalidInputError(f"text is {size} bytes, over the {max_bytes}-byte limit")
+    # As for notes: a memory is text. An escape sequence stored in one would run in the
+    # terminal of whoever lists it later.
+    if any(unicodedata.category(ch) == "Cc" and ch not in "\t\n\r" for ch in text):
+        raise InvalidInputError("text contains control characters (only tabs and line breaks are allowed)")
     return text
 
 

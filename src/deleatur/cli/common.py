@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,10 +109,14 @@ LegalClaimOpt = Annotated[
 ]
 
 
+_VISIBLE_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def add_row(table: Table, *values: str) -> None:
     """A table row of plain text: stored text may contain "[...]", which rich would
-    otherwise take for markup and swallow."""
-    table.add_row(*(Text(v) for v in values))
+    otherwise take for markup and swallow, and a record written before text refused
+    control characters may hold an escape sequence, shown here as its code, not run."""
+    table.add_row(*(Text(_VISIBLE_CONTROLS.sub(lambda m: repr(m.group())[1:-1], v)) for v in values))
 
 
 def emit(payload: Any) -> None:

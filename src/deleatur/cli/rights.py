@@ -10,10 +10,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..erasure.requests import check_request_id
 from ..errors import InvalidInputError
 from ..rights.export import private_output
 from .common import JsonOpt, add_row, app, check_output_path, emit, open_memory, out
-from .erasure import report_erasure
+from .erasure import ConfirmOpt, TokenOpt, report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides (default: cli:$USER).")]
 
@@ -126,13 +127,23 @@ def purge(
             help="Also prune audit (call) entries older than --older-than, with a retention anchor (operator only).",
         ),
     ] = False,
+    issue_token: TokenOpt = False,
+    confirm: ConfirmOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hard-delete expired records (and, with --older-than, old ones), with tombstones."""
     if include_audit and (older_than is None or dry_run):
         raise InvalidInputError("--include-audit needs --older-than DAYS, and has no dry run")
+    if request_id is not None:
+        check_request_id(request_id)  # before the audit is pruned: bad input changes nothing
     with open_memory() as memory:
         # The operator-only part first: a refusal leaves everything as it was.
         pruned = memory.prune_audit(older_than_days=older_than) if include_audit and older_than is not None else None
-        result = memory.purge(older_than_days=older_than, request_id=request_id, dry_run=dry_run)
+        result = memory.purge(
+            older_than_days=older_than,
+            request_id=request_id,
+            dry_run=dry_run,
+            issue_token=issue_token,
+            confirmation=confirm,
+        )
     report_erasure(result, as_json, extra=None if pruned is None else {"audit_entries_pruned": pruned})

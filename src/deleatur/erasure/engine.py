@@ -24,7 +24,7 @@ from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import SpaceFilter, canonical_subject, check_note, forget_cached_subjects
+from ..model import SpaceFilter, canonical_subject, check_note, check_who, forget_cached_subjects
 from .plan import ErasurePlan, build_plan
 from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users
 
@@ -188,10 +188,12 @@ def erase(
     check_request_id(request_id)
     if not isinstance(basis, str) or not basis.strip():
         raise InvalidInputError("an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'", request_id=request_id)
-    if not isinstance(requester, str) or not requester.strip():
-        raise InvalidInputError("an erasure needs a requester", request_id=request_id)
     check_note(basis, "basis")
-    check_note(requester.strip(), "requester")
+    try:
+        requester = check_who(requester, "requester", missing="an erasure needs a requester")
+    except InvalidInputError as exc:
+        exc.request_id = request_id
+        raise
     canonical = None if subject is None else canonical_subject(subject)
     if canonical is None and scope.user_id is None and retention is None:
         # A peer's delete_all with no filter wiped every user: never here.

@@ -20,7 +20,7 @@ from ..clock import from_isoformat, isoformat
 from ..crypto.keystore import _frame
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject, check_note
+from ..model import canonical_subject, check_note, check_who
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -55,10 +55,8 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
     canonical = canonical_subject(subject)
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("a restriction needs a reason")
-    if not isinstance(actor, str) or not actor.strip():
-        raise InvalidInputError("a restriction needs an actor")
     check_note(reason, "reason")
-    check_note(actor.strip(), "actor")
+    actor = check_who(actor, "actor", missing="a restriction needs an actor")
     ref = memory._subject_ref(canonical)
     with memory._logged() as events:
         # Under the lock, as a write: the reason is sealed under a key no erasure is about to destroy.
@@ -74,25 +72,25 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
                 "subject_ref": ref,
                 "pseudonym": pseudonym,
                 "reason": sealed,
-                "actor": actor.strip(),
+                "actor": actor,
                 "since": now,
             }
         )
-        fields = {"tenant": memory.tenant, "subject": pseudonym, "actor": actor.strip()}
+        fields = {"tenant": memory.tenant, "subject": pseudonym, "actor": actor}
         events.append((Entry(EventType.RESTRICT, now, fields), None))
-    return Restriction(pseudonym, reason.strip(), actor.strip(), now)
+    return Restriction(pseudonym, reason.strip(), actor, now)
 
 
 def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
     canonical = canonical_subject(subject)
-    check_note(actor.strip() if isinstance(actor, str) else actor, "actor")
+    actor = check_who(actor, "actor", missing="lifting a restriction needs an actor")
     ref = memory._subject_ref(canonical)
     with memory._logged() as events:
         found = memory.backend.restrictions(memory.tenant, ref)
         if not found or not memory.backend.delete_restriction(memory.tenant, ref):
             raise NotFoundError("this subject is not restricted")
         now = memory._clock()
-        fields = {"tenant": memory.tenant, "subject": str(found[0]["pseudonym"]), "actor": actor.strip()}
+        fields = {"tenant": memory.tenant, "subject": str(found[0]["pseudonym"]), "actor": actor}
         events.append((Entry(EventType.UNRESTRICT, now, fields), None))
     memory.backend.scrub()
 
