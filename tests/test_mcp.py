@@ -148,6 +148,9 @@ async def _tour(session: ClientSession) -> None:
     assert _text(account).startswith("Erased all memory for 'acct' (1 record(s)).")
     purged = await _call(session, "purge_expired", older_than_days=3650)
     assert _text(purged).startswith("Purged 0 record(s) older than 3650 days")
+    named = await _data(session, "purge_expired", older_than_days=3650, request_id="RET-7")
+    again = await _data(session, "purge_expired", older_than_days=3650, request_id="RET-7")
+    assert named["request"]["id"] == again["request"]["id"] == "RET-7" and again["repeated"]
 
 
 def _over_stdio(tmp_path: Path, env: dict[str, str], session_run: Session) -> None:

@@ -476,14 +476,23 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
 
     @tool(DESTRUCTIVE)
     def purge_expired(
-        ctx: Ctx, older_than_days: float | None = None, dry_run: bool = False, confirmation: str | None = None
+        ctx: Ctx,
+        older_than_days: float | None = None,
+        request_id: str | None = None,
+        dry_run: bool = False,
+        confirmation: str | None = None,
     ) -> CallToolResult:
         """Art. 5(1)(e): hard-delete expired records, and with older_than_days those written earlier.
-        A dry run shows what would go and issues the confirmation token agents must present."""
+        A dry run shows what would go and issues the confirmation token agents must present; a
+        repeat under the same request_id returns the first purge's result."""
 
         def run(memory: Memory) -> CallToolResult:
             result = memory.purge(
-                older_than_days=older_than_days, dry_run=dry_run, issue_token=dry_run, confirmation=confirmation
+                older_than_days=older_than_days,
+                request_id=request_id,
+                dry_run=dry_run,
+                issue_token=dry_run,
+                confirmation=confirmation,
             )
             if result.request is None:
                 return _erasure(result, "the retention policy")
