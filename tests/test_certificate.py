@@ -374,3 +374,34 @@ def test_a_checkpoint_too_large_for_the_store_fails_the_pinned_check(
     forged["certificate"]["checkpoint"] = Note("\n".join(lines), note.signatures).format()
     report = verify_certificate(forged, expected_checkpoint=pinned, store=evidence)
     assert "pinned_checkpoint" in [c.name for c in report.failed]
+
+
+def test_certificates_of_the_first_statement_wording_still_verify(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v2 of the scope statement no longer speaks of "registered erasure targets", which
+    do not exist; a certificate issued with v1's words stays valid, and a version the
+    verifier does not know fails the scope check rather than passing unread."""
+    import functools
+
+    from deleatur.erasure import certificate as certificate_module
+    from deleatur.erasure.scope import scope_statement
+
+    memory.remember("Alice's note", subject="Alice")
+    memory.erase("Alice", request_id="E-V1", basis=BASIS, requester="dpo")
+    current = memory.certificate("E-V1")
+    assert current["certificate"]["scope_statement"]["version"] == "deleatur-scope/v2"
+    assert not any("registered" in line for line in current["certificate"]["scope_statement"]["does_not_cover"])
+    assert _verify(memory, current) == []
+    monkeypatch.setattr(
+        certificate_module, "scope_statement", functools.partial(scope_statement, version="deleatur-scope/v1")
+    )
+    old = memory.certificate("E-V1")
+    assert "not registered as erasure targets" in old["certificate"]["scope_statement"]["text"]
+    assert _verify(memory, old) == []
+
+    def unknown(**facts: Any) -> dict[str, Any]:
+        return {**scope_statement(**facts), "version": "deleatur-scope/v9"}
+
+    monkeypatch.setattr(certificate_module, "scope_statement", unknown)
+    assert _verify(memory, memory.certificate("E-V1")) == ["scope_intact"]

@@ -8,11 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-STATEMENT_VERSION = "deleatur-scope/v1"
+STATEMENT_VERSION = "deleatur-scope/v2"
+#: How each version names the systems beyond this store. v1 spoke of systems "not
+#: registered as erasure targets", as if some could be: none can yet. Certificates
+#: issued under v1 keep verifying with its words.
+_ELSEWHERE = {
+    "deleatur-scope/v1": "other systems not registered as erasure targets (vector stores, caches, files, "
+    "LLM provider files, other databases)",
+    STATEMENT_VERSION: "copies in other systems, which this store does not reach (vector stores, caches, files, "
+    "LLM provider files, other databases)",
+}
+VERSIONS = tuple(_ELSEWHERE)
 
 
 def scope_statement(
-    *, kind: str, records: int, key_destroyed: bool, kept_elsewhere: int, other_keys_kept: int, wal_truncated: bool
+    *,
+    kind: str,
+    records: int,
+    key_destroyed: bool,
+    kept_elsewhere: int,
+    other_keys_kept: int,
+    wal_truncated: bool,
+    version: str = STATEMENT_VERSION,
 ) -> dict[str, Any]:
     covers = [
         f"the {records} record(s) erased from this deleatur store, every version and history row included",
@@ -27,8 +44,7 @@ def scope_statement(
             "decrypt these records (crypto-shredding)"
         )
     does_not_cover = [
-        "other systems not registered as erasure targets (vector stores, caches, files, LLM provider files, "
-        "other databases)",
+        _ELSEWHERE[version],
         "records about the subject written under another subject or without one (see `deleatur residue`)",
         "backups of the key store taken before the erasure, which still hold the destroyed key",
         "model weights, embeddings or outputs already derived from the data",
@@ -54,7 +70,7 @@ def scope_statement(
     lines += ["It covers: " + "; ".join(covers) + "."]
     lines += ["It does not cover: " + "; ".join(does_not_cover) + "."]
     return {
-        "version": STATEMENT_VERSION,
+        "version": version,
         "covers": covers,
         "does_not_cover": does_not_cover,
         "text": " ".join(lines),

@@ -46,7 +46,7 @@ from ..model import check_tenant
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
 from .requests import is_request_id
-from .scope import scope_statement
+from .scope import VERSIONS, scope_statement
 
 
 class _Invalid(Exception):
@@ -215,9 +215,14 @@ def _attests(body: dict[str, Any], record_ids: list[str]) -> tuple[bool, str]:
 def _scope_intact(
     body: dict[str, Any], request: dict[str, Any], erasure: dict[str, Any], record_ids: list[str]
 ) -> tuple[bool, str]:
+    statement = body.get("scope_statement")
+    version = statement.get("version") if isinstance(statement, dict) else None
+    if version not in VERSIONS:
+        return False, f"the scope statement's version {version!r} is not one this verifier knows"
     try:
         records = _count(erasure, "records", "certificate.erasure")
         expected = scope_statement(
+            version=version,
             kind=_field(request, "kind", str, "certificate.request"),
             records=records,
             key_destroyed=_field(erasure, "key_destroyed", bool, "certificate.erasure"),
@@ -234,7 +239,7 @@ def _scope_intact(
         return False, f"the scope statement cannot be rebuilt: {exc}"
     if records != len(record_ids):
         return False, f"the certificate counts {records} record(s) but names {len(record_ids)}"
-    if expected != body.get("scope_statement"):
+    if expected != statement:
         return False, "the scope statement was altered"
     return True, "matches the certificate's facts"
 
