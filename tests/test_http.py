@@ -171,6 +171,17 @@ def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[st
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
+def test_an_empty_request_id_is_refused_by_purge_as_by_erase(base_url: str, admin: dict[str, str]) -> None:
+    """An empty Idempotency-Key and an empty purge request_id are both bad input: neither
+    quietly becomes a generated id (omitting them is how to ask for one)."""
+    erased = httpx.delete(f"{base_url}/v1/subjects/x", headers={"Idempotency-Key": "", **admin})
+    purged = httpx.post(f"{base_url}/v1/purge", json={"request_id": ""}, headers=admin)
+    for response in (erased, purged):
+        assert response.status_code == 422
+        assert response.json()["error"]["code"] == "invalid_input"
+        assert response.json()["error"]["message"].startswith("request id must be")
+
+
 def test_dry_runs_take_no_callers_request_id(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The dry-run route named each of its calls 'plan' in the audit trail, so a caller's
     own erasure 'plan' shared its request id with every dry run."""

@@ -88,6 +88,10 @@ _PINS_REFUSED = (
 )
 
 
+def _check_record_id(value: object) -> str:
+    return check_record_id(value, "record_id")  # named as the library's get and receipt name it
+
+
 def _segment(value: str, check: Callable[[str], object] | None = None) -> str:
     """A path segment, percent-encoded: a subject or user id may hold '/', '?' or '#'
     (the routes that take one take the rest of the path). A segment "." or ".." goes as
@@ -264,7 +268,7 @@ class Client:
         return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "POST", "/v1/memories/search", body=body)
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
-        path = f"/v1/memories/{_segment(record_id, check_record_id)}"
+        path = f"/v1/memories/{_segment(record_id, _check_record_id)}"
         return self._call(Record.from_json, "GET", path, params=_space(space))
 
     def list(
@@ -324,7 +328,7 @@ class Client:
         return self._call(Record.from_json, "POST", "/v1/rectify", body=_drop_none(body))
 
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
-        path = f"/v1/memories/{_segment(record_id, check_record_id)}/receipt"
+        path = f"/v1/memories/{_segment(record_id, _check_record_id)}/receipt"
         return self._call(Receipt.from_json, "GET", path, params=_space(space))
 
     # -- erasure (Art. 17) --------------------------------------------------------------

@@ -80,9 +80,14 @@ from .model import (
     canonical_key,
     canonical_subject,
     check_int,
+    check_items,
     check_note,
+    check_number,
+    check_optional,
+    check_path,
     check_query,
     check_tenant,
+    check_type,
     check_who,
     validate_text,
 )
@@ -140,6 +145,10 @@ class _Shared:
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
+
+
+def _pinned(keys: object) -> builtins.list[Verifier] | None:
+    return None if keys is None else check_items(keys, Verifier, "pinned_keys")
 
 
 def _dumps(value: Mapping[str, Any]) -> bytes:
@@ -214,7 +223,13 @@ class Memory:
         create: bool = False,
         checkpoint_interval_us: int = DEFAULT_CHECKPOINT_INTERVAL_US,
     ) -> Memory:
-        store_path = Path(path)
+        store_path = check_path(path, "path")
+        check_type(master, MasterKeySource, "master")
+        check_tenant(tenant)  # here too, not only in __init__: by then the files are open
+        check_int(max_text_bytes, "max_text_bytes", low=1)
+        check_int(checkpoint_interval_us, "checkpoint_interval_us", low=0)
+        check_type(full_sync, bool, "full_sync")
+        check_type(create, bool, "create")
         backend = SQLiteBackend.open(store_path, create=create, clock=clock, full_sync=full_sync)
         try:
             keys = KeyStore.open(
@@ -246,7 +261,7 @@ class Memory:
         path: str | os.PathLike[str],
         master: MasterKeySource | None = None,
         *,
-        key_file: Path | None = None,
+        key_file: str | os.PathLike[str] | None = None,
         tenant: str = "default",
         clock: Clock = system_clock,
         random: Random = system_random,
@@ -259,13 +274,15 @@ class Memory:
         finished by running it again: a master key file it wrote is used, not replaced,
         and a store it made that nothing has used yet gets its signing key.
         """
-        store_path = Path(path)
+        store_path = check_path(path, "path")
+        check_optional(master, MasterKeySource, "master")
+        key_path = None if key_file is None else check_path(key_file, "key_file")
         made: list[Path] = []
         options: dict[str, Any] = {"tenant": tenant, "clock": clock, "random": random, "max_text_bytes": max_text_bytes}
         if master is None:
-            key_file = key_file or default_key_file(store_path)
-            if key_file.exists() and (store_path.exists() or not keystore_path(store_path).exists()):
-                master = from_file(key_file)  # an earlier init's, perhaps killed before it made the store
+            key_path = key_path or default_key_file(store_path)
+            if key_path.exists() and (store_path.exists() or not keystore_path(store_path).exists()):
+                master = from_file(key_path)  # an earlier init's, perhaps killed before it made the store
         if store_path.exists():
             return cls._finish_init(store_path, master, options)
         if keystore_path(store_path).exists():
@@ -277,10 +294,10 @@ class Memory:
             raise NotFoundError(f"directory {store_path.parent} does not exist")
         try:
             if master is None:
-                assert key_file is not None
-                write_key_file(key_file, random(MASTER_KEY_BYTES))
-                made.append(key_file)
-                master = from_file(key_file)
+                assert key_path is not None
+                write_key_file(key_path, random(MASTER_KEY_BYTES))
+                made.append(key_path)
+                master = from_file(key_path)
             made += [store_path, keystore_path(store_path), signing_key_path(store_path)]
             memory = cls.open(store_path, master, create=True, **options)
             try:
@@ -612,9 +629,10 @@ class Memory:
     def prove(self, index: int) -> TlogProof:
         """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``.
         Another tenant's entries are not handed out (key announcements belong to all)."""
+        check_int(index, "index", low=0)
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
-        if not 0 <= index < size:
+        if not index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
         entry = self.log.entry(index)
         if json.loads(entry).get("tenant", self.tenant) != self.tenant:
@@ -627,6 +645,8 @@ class Memory:
         With ``new_witness``, ask a witness that has not seen this log yet to cosign
         ``old`` itself: a request from size 0, which needs no proof; later requests
         then start from ``old``."""
+        check_type(old, Note, "old")
+        check_type(new_witness, bool, "new_witness")
         try:
             open_note(old, self.log.verifiers())
             previous = Checkpoint.parse(old.text)
@@ -648,6 +668,10 @@ class Memory:
     def add_cosignatures(self, lines: str, witness: CosignatureVerifier, *, size: int | None = None) -> Note:
         """Attach a witness's cosignatures (note signature lines) to a stored checkpoint,
         after checking each one; the latest checkpoint unless ``size`` is given."""
+        check_type(lines, str, "lines")
+        check_type(witness, CosignatureVerifier, "witness")
+        if size is not None:
+            check_int(size, "size", low=0)
         found = self.backend.checkpoint(size)
         if found is None:
             raise NotFoundError(f"no checkpoint of size {size}" if size is not None else "the log has no checkpoint")
@@ -677,7 +701,8 @@ class Memory:
         Entries this process appended within the checkpoint interval are signed first,
         as ``close()`` would sign them; any other entry no checkpoint covers fails the
         coverage check."""
-        return self._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned_checkpoint)
+        check_optional(pinned_checkpoint, Note, "pinned_checkpoint")
+        return self._verify_log(pinned_keys=_pinned(pinned_keys), pinned_checkpoint=pinned_checkpoint)
 
     def _verify_log(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
@@ -703,10 +728,13 @@ class Memory:
         return audit_entries(self, start=start, limit=limit, calls_only=calls_only, actor=actor)
 
     @guarded("audit.verify", V, audit=False)
-    def verify_audit(self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None) -> Report:
+    def verify_audit(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, state: str | os.PathLike[str] | None = None
+    ) -> Report:
         """Verify the whole trail; with ``state``, also that it extends the checkpoint
         the last passing verification recorded there (which catches a cut-back tail)."""
-        return verify_audit(self, pinned_keys=pinned_keys, state=state)
+        where = None if state is None else check_path(state, "state")
+        return verify_audit(self, pinned_keys=_pinned(pinned_keys), state=where)
 
     def __enter__(self) -> Memory:
         return self
@@ -831,7 +859,7 @@ class Memory:
             metadata={} if metadata is None else metadata,
             source=source,
             confidence=confidence,
-            derived_from=tuple(derived_from),
+            derived_from=tuple(check_items(derived_from, str, "derived_from")),
             expires_at=expires_at,
         )
         return self._remember_many([item], space, for_legal_claim)[0]
@@ -842,10 +870,11 @@ class Memory:
     ) -> list[Record]:
         """Write many memories in one transaction: all of them, or none. Writes about a
         restricted subject (Art. 18) are refused unless ``for_legal_claim``."""
-        return self._remember_many(items, space, for_legal_claim)
+        return self._remember_many(check_items(items, NewMemory, "items"), space, for_legal_claim)
 
-    def _remember_many(self, items: Iterable[NewMemory], space: Space, for_legal_claim: bool) -> list[Record]:
-        batch = list(items)
+    def _remember_many(self, batch: builtins.list[NewMemory], space: Space, for_legal_claim: bool) -> list[Record]:
+        check_type(space, Space, "space")
+        check_type(for_legal_claim, bool, "for_legal_claim")
         now = self._clock()
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
@@ -1067,6 +1096,9 @@ class Memory:
         ``erase_previous`` every earlier value of the key is hard-deleted, with the same
         forensic guarantees as an erasure.
         """
+        check_type(space, Space, "space")
+        check_type(erase_previous, bool, "erase_previous")
+        check_type(for_legal_claim, bool, "for_legal_claim")
         if erase_previous and D not in self.principal.capabilities:
             raise self._deny("rectify --erase-previous hard-deletes: it needs the delete capability", D.value)
         if erase_previous and self.principal.role is Role.AGENT:
@@ -1133,6 +1165,7 @@ class Memory:
     @guarded("forget", W, in_space)
     def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
         """Retire a fact: it is no longer recalled, and stays in history."""
+        check_type(space, Space, "space")
         if (record_id is None) == (key is None):
             raise InvalidInputError("forget needs exactly one of an id or a key")
         with self._logged() as events:
@@ -1207,13 +1240,17 @@ class Memory:
     ) -> Decision:
         """Sign and keep a snapshot of exactly the beliefs (records) a decision used.
         See :mod:`deleatur.decisions.snapshots`."""
+        check_type(space, Space, "space")
+        check_type(for_legal_claim, bool, "for_legal_claim")
         with self._logged() as events:
-            return record_decision(self, summary, builtins.list(used), space, events, for_legal_claim=for_legal_claim)
+            used_ids = check_items(used, str, "used")
+            return record_decision(self, summary, used_ids, space, events, for_legal_claim=for_legal_claim)
 
     @guarded("decision.explain", R, in_space)
     def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
         """The snapshot, after checking its hash and signature (IntegrityError names
         the failed check); erased beliefs appear redacted."""
+        check_type(space, Space, "space")
         return explain_decision(self, decision_id, space, self.log.verifiers())
 
     # -- erasure (Art. 17) ---------------------------------------------------------
@@ -1244,8 +1281,8 @@ class Memory:
         self._name_subject(subject)
         return erase(
             self,
-            subject=subject,
-            scope=scope,
+            subject=check_type(subject, str, "subject"),
+            scope=check_type(scope, SpaceFilter, "scope"),
             request_id=request_id,
             basis=basis,
             requester=requester,
@@ -1275,7 +1312,7 @@ class Memory:
         return erase(
             self,
             subject=None,
-            scope=SpaceFilter(user_id, agent_id, run_id),
+            scope=SpaceFilter(check_type(user_id, str, "user_id"), agent_id, run_id),
             request_id=request_id,
             basis=basis,
             requester=requester,
@@ -1296,7 +1333,7 @@ class Memory:
     @guarded("erasure.residue", R)
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:
         """Live records not tagged with ``subject`` that mention one of its identifiers."""
-        return scan(self, subject, builtins.list(identifiers))
+        return scan(self, subject, check_items(identifiers, str, "identifiers"))
 
     # -- access and portability (Art. 15, 20) ---------------------------------------
 
@@ -1307,10 +1344,12 @@ class Memory:
         return export_json(self, out, subject=subject, user_id=user_id)
 
     @guarded("export", R, of_user)
-    def export_csv(self, directory: Path, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
+    def export_csv(
+        self, directory: str | os.PathLike[str], *, subject: str | None = None, user_id: str | None = None
+    ) -> dict[str, int]:
         """The same export as a CSV bundle in an empty directory."""
         self._name_subject(subject)
-        return export_csv(self, directory, subject=subject, user_id=user_id)
+        return export_csv(self, check_path(directory, "directory"), subject=subject, user_id=user_id)
 
     # -- storage limitation (Art. 5(1)(e)) ---------------------------------------------
 
@@ -1335,7 +1374,9 @@ class Memory:
     ) -> ErasureResult:
         """Hard-delete expired records (and those older than ``older_than_days``), with
         tombstones and crypto-shredding, as an erasure request of kind ``retention``.
-        An agent principal must confirm with the token of a dry run, as for ``erase``."""
+        Without a ``request_id`` it gets a new ``RET-`` one; an empty one is refused, as
+        ``erase`` refuses it. An agent principal must confirm with the token of a dry
+        run, as for ``erase``."""
         return purge(
             self,
             older_than_days=older_than_days,
@@ -1352,7 +1393,7 @@ class Memory:
         operator's alone: a tenant's admin is refused, and the refusal audited."""
         if not self.principal.operator:
             raise self._deny("pruning audit entries is the deployment operator's alone", "operator")
-        return prune_audit(self, older_than_days=older_than_days)
+        return prune_audit(self, older_than_days=check_number(older_than_days, "older_than_days"))
 
     # -- restriction (Art. 18) ------------------------------------------------------
 
@@ -1383,7 +1424,8 @@ class Memory:
     # -- reading -----------------------------------------------------------------
 
     def _row_in_space(self, record_id: str, space: Space) -> StoredRow:
-        row = self.backend.get(self.tenant, check_record_id(record_id))
+        check_type(space, Space, "space")
+        row = self.backend.get(self.tenant, check_record_id(record_id, "record_id"))
         # A record in another space is reported exactly like a missing one, so a caller
         # cannot probe which ids exist outside its space.
         if row is None or row.space != space:
@@ -1409,6 +1451,7 @@ class Memory:
 
     def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""
+        check_type(space, Space, "space")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
         words = _TOKEN.findall(unicodedata.normalize("NFKC", check_query(query)))
@@ -1439,6 +1482,8 @@ class Memory:
         """Records of one space, oldest first, streamed; active ones unless ``include_history``.
         ``after`` continues from a record id (pages for remote callers). The arguments are
         checked (and the call audited) when it is made, not when the first record is read."""
+        check_type(space, Space, "space")
+        check_type(include_history, bool, "include_history")
         if after is not None:
             check_record_id(after, "after")
         if limit is not None:
@@ -1457,6 +1502,7 @@ class Memory:
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         """Every version of a key in one space, oldest first."""
+        check_type(space, Space, "space")
         rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
         if not rows:
             raise NotFoundError("no record with this key in this space")

@@ -6,11 +6,13 @@ import enum
 import functools
 import json
 import math
+import os
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from .clock import LATEST, from_isoformat, isoformat
 from .errors import InvalidInputError
@@ -241,6 +243,54 @@ def check_int(value: object, name: str, *, low: int) -> int:
     return value
 
 
+T = TypeVar("T")
+
+
+def _a(kind: type) -> str:
+    return {bool: "True or False", str: "a string"}.get(kind, f"a {kind.__name__}")
+
+
+def check_type(value: object, kind: type[T], name: str) -> T:
+    """``value`` if it is a ``kind``, else an error naming the argument ``name``: a wrong
+    type is the caller's mistake, to be told as one, never coerced (``dry_run=None`` would
+    otherwise erase). A bool is never taken for an int, though Python makes it one."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise InvalidInputError(f"{name} must be {_a(kind)}")
+    return value
+
+
+def check_optional(value: object, kind: type[T], name: str) -> T | None:
+    """:func:`check_type`, where None means the argument was not given."""
+    return None if value is None else check_type(value, kind, name)
+
+
+def check_items(value: object, kind: type[T], name: str) -> list[T]:
+    """A collection of ``kind``: a list, tuple, set or generator, never a string or a
+    mapping, which Python would iterate by character or by key."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidInputError(f"{name} must be a list, each item {_a(kind)}")
+    items = list(value)
+    for item in items:
+        check_type(item, kind, f"each item of {name}")
+    return items
+
+
+def check_number(value: object, name: str) -> float:
+    """A finite int or float (never a bool); the caller checks its range."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise InvalidInputError(f"{name} is out of range")  # math.isfinite cannot take it
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number")
+    return value
+
+
+def check_path(value: object, name: str) -> Path:
+    """A file system path, given as a str or a path object alike, as ``open()`` takes one."""
+    if not isinstance(value, str | os.PathLike):
+        raise InvalidInputError(f"{name} must be a path")
+    return Path(value)
+
+
 def validate_confidence(confidence: float | None) -> float | None:
     if confidence is None:
         return None
@@ -265,6 +315,7 @@ class NewMemory:
     expires_at: int | None = None
 
     def __post_init__(self) -> None:
+        check_type(self.text, str, "text")  # its size is checked against the store's limit as it is written
         canonical_subject(self.subject)
         if self.key is not None:
             canonical_key(self.key)
@@ -272,7 +323,7 @@ class NewMemory:
             check_name(self.source, "source", allow_empty=False)
         object.__setattr__(self, "metadata", validate_metadata(self.metadata))
         object.__setattr__(self, "confidence", validate_confidence(self.confidence))
-        object.__setattr__(self, "derived_from", tuple(self.derived_from))
+        object.__setattr__(self, "derived_from", tuple(check_items(self.derived_from, str, "derived_from")))
         if self.expires_at is not None and (
             isinstance(self.expires_at, bool)
             or not isinstance(self.expires_at, int)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
-from ..model import Space
+from ..model import check_items, check_tenant, check_type
 from .calls import deny, refused_key
 from .principals import (
     ERASED_USER,
@@ -59,10 +59,10 @@ def authenticate(memory: Memory, api_key: str) -> Principal:
 def create(
     memory: Memory, name: str, role: Role | str, scopes: Iterable[str] | None, tenant: str | None
 ) -> tuple[Principal, str]:
-    target = memory.tenant if tenant is None else Space(user_id=tenant).user_id
+    target = memory.tenant if tenant is None else check_tenant(tenant)
     if target != memory.tenant and not memory.principal.operator:
         raise deny(memory, "only the deployment operator may create principals in another tenant", "operator")
-    wanted = None if scopes is None else frozenset(scopes)
+    wanted = None if scopes is None else frozenset(check_items(scopes, str, "scopes"))
     if wanted is not None and not wanted:
         raise InvalidInputError("scopes, when given, must name at least one user id")
     if wanted is not None and any(s.startswith(ERASED_USER) for s in wanted):
@@ -74,7 +74,7 @@ def create(
         # Checked as it comes in, not by Principal: a name stored before the rule must
         # still load, so that its principal can be listed and revoked.
         check_principal_name(name),
-        parse_role(role) if isinstance(role, str) else role,
+        role if isinstance(role, Role) else parse_role(role),
         scopes=wanted,
         created_at=memory._clock(),
     )
@@ -100,6 +100,7 @@ def listing(memory: Memory) -> list[Principal]:
 
 
 def revoke(memory: Memory, principal_id: str) -> None:
+    check_type(principal_id, str, "principal_id")
     with memory._logged():
         if not memory.backend.revoke_principal(memory.tenant, principal_id, memory._clock()):
             raise NotFoundError(f"no active principal {principal_id!r} in tenant {memory.tenant!r}")

@@ -29,7 +29,7 @@ from ..log.entries import Entry, EventType
 from ..log.note import Note, NoteError, Verifier
 from ..log.report import Report
 from ..log.retention import pruned_leaf
-from ..model import check_int
+from ..model import check_int, check_optional, check_type
 from .principals import Capability
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ def entries(
     """The entries of the caller's tenant (and the store-wide key announcements),
     oldest first, from log index ``start``. Bad arguments are refused at once."""
     check_int(start, "start", low=0)
+    check_type(calls_only, bool, "calls_only")
+    check_optional(actor, str, "actor")
     if limit is not None:
         check_int(limit, "limit", low=1)
     return _entries(memory, start, limit, calls_only, actor)

@@ -60,7 +60,12 @@ def of_filter(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]
 def of_scopes(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
     """A new principal reaches the users it will be scoped to (all, if unscoped)."""
     scopes = kwargs.get("scopes")
-    return None if scopes is None else tuple(scopes)
+    if not isinstance(scopes, list | tuple | set | frozenset) or not all(isinstance(s, str) for s in scopes):
+        # None, or something the call itself refuses (or a generator, which reading here
+        # would leave empty for the call): as reaching every user, which only an
+        # unscoped admin may, and the call then judges the scopes.
+        return None
+    return tuple(scopes)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import Space, check_name
+from ..model import Space, check_name, check_type
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -125,7 +125,7 @@ def check_principal_name(name: object) -> str:
 
 def parse_role(value: str) -> Role:
     try:
-        return Role(value)
+        return Role(check_type(value, str, "role"))
     except ValueError:
         raise InvalidInputError(f"unknown role {value!r}; roles are {', '.join(r.value for r in Role)}") from None
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ..errors import MasterKeyError
+from ..model import check_path, check_type
 from .signing import write_text_secret
 
 MASTER_KEY_BYTES = 32
@@ -45,18 +46,18 @@ def _parse_hex(value: str, where: str) -> bytes:
 
 
 def from_bytes(key: bytes) -> MasterKeySource:
-    if len(key) != MASTER_KEY_BYTES:
+    if len(check_type(key, bytes, "key")) != MASTER_KEY_BYTES:
         raise MasterKeyError(f"master key must be {MASTER_KEY_BYTES} bytes")
     return MasterKeySource("an explicit key", lambda _salt: key)
 
 
 def from_hex(value: str, where: str = "DELEATUR_MASTER_KEY") -> MasterKeySource:
-    key = _parse_hex(value, where)
+    key = _parse_hex(check_type(value, str, "value"), check_type(where, str, "where"))
     return MasterKeySource(where, lambda _salt: key)
 
 
 def from_passphrase(passphrase: str) -> MasterKeySource:
-    if not passphrase:
+    if not check_type(passphrase, str, "passphrase"):
         raise MasterKeyError("passphrase must not be empty")
     secret = passphrase.encode("utf-8", "surrogateescape")
 
@@ -66,23 +67,23 @@ def from_passphrase(passphrase: str) -> MasterKeySource:
     return MasterKeySource("a passphrase (scrypt)", derive)
 
 
-def from_file(path: Path | str) -> MasterKeySource:
+def from_file(path: str | os.PathLike[str]) -> MasterKeySource:
     """Read lazily, when the store asks for the key: a missing store is reported as
     such, not as a missing key file."""
-    path = Path(path)
+    where = check_path(path, "path")
 
     def derive(_salt: bytes) -> bytes:
         try:
-            content = path.read_text(encoding="ascii")
+            content = where.read_text(encoding="ascii")
         except FileNotFoundError:
-            raise MasterKeyError(f"master key file {path} does not exist") from None
+            raise MasterKeyError(f"master key file {where} does not exist") from None
         except UnicodeDecodeError:
-            raise MasterKeyError(f"master key in {path} is not hex") from None
+            raise MasterKeyError(f"master key in {where} is not hex") from None
         except OSError as exc:
-            raise MasterKeyError(f"cannot read master key file {path}: {exc.strerror}") from None
-        return _parse_hex(content, str(path))
+            raise MasterKeyError(f"cannot read master key file {where}: {exc.strerror}") from None
+        return _parse_hex(content, str(where))
 
-    return MasterKeySource(str(path), derive)
+    return MasterKeySource(str(where), derive)
 
 
 def write_key_file(path: Path, key: bytes) -> None:
@@ -94,11 +95,15 @@ def default_key_file(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".master-key")
 
 
-def from_environment(store_path: Path, key_file: Path | None = None) -> MasterKeySource:
+def from_environment(
+    store_path: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None
+) -> MasterKeySource:
     """Resolve the master key the way the CLI does: env key, env passphrase, then key file."""
+    store = check_path(store_path, "store_path")
+    given = None if key_file is None else check_path(key_file, "key_file")
     if value := os.environ.get("DELEATUR_MASTER_KEY"):
         return from_hex(value)
     if passphrase := os.environ.get("DELEATUR_PASSPHRASE"):
         return from_passphrase(passphrase)
     env_file = os.environ.get("DELEATUR_MASTER_KEY_FILE")
-    return from_file(key_file or (Path(env_file) if env_file else default_key_file(store_path)))
+    return from_file(given or (Path(env_file) if env_file else default_key_file(store)))

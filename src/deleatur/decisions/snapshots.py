@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
-from ..ids import is_record_id
+from ..ids import check_record_id
 from ..log.entries import Entry, EventType
 from ..log.note import Verifier
-from ..model import Space, SpaceFilter, check_note
+from ..model import Space, SpaceFilter, check_note, check_type
 from ..rights.restriction import check_writable
 
 if TYPE_CHECKING:
@@ -116,9 +116,7 @@ def record(
         raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
     beliefs, sealed, refs = [], [], []
     for record_id in ids:
-        if not is_record_id(record_id):
-            raise InvalidInputError(f"{record_id!r} is not a record id")
-        row = memory.backend.get(memory.tenant, record_id)
+        row = memory.backend.get(memory.tenant, check_record_id(record_id, "used"))
         if row is None or row.space != space:
             raise NotFoundError(f"no record {record_id} in this space", record_id=record_id)
         refs.append(row.subject_ref)
@@ -203,7 +201,7 @@ def _open(memory: Memory, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def explain(memory: Memory, decision_id: str, space: Space, verifiers: Iterable[Verifier]) -> Decision:
-    row = memory.backend.decision(memory.tenant, decision_id) if isinstance(decision_id, str) else None
+    row = memory.backend.decision(memory.tenant, check_type(decision_id, str, "decision_id"))
     if row is None or Space(row["user_id"], row["agent_id"], row["run_id"]) != space:
         raise NotFoundError(f"no decision {decision_id!r} in this space")
     return _verified(memory, decision_id, row, verifiers)

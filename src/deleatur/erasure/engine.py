@@ -24,7 +24,15 @@ from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import SpaceFilter, canonical_subject, check_note, check_who, forget_cached_subjects
+from ..model import (
+    SpaceFilter,
+    canonical_subject,
+    check_note,
+    check_optional,
+    check_type,
+    check_who,
+    forget_cached_subjects,
+)
 from .plan import ErasurePlan, build_plan
 from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users
 
@@ -186,6 +194,10 @@ def erase(
     retention: tuple[int, int | None] | None = None,
 ) -> ErasureResult:
     check_request_id(request_id)
+    flags = {"dry_run": dry_run, "allow_ambiguous": allow_ambiguous, "issue_token": issue_token}
+    for name, flag in {**flags, "require_confirmation": require_confirmation}.items():
+        check_type(flag, bool, name)
+    check_optional(confirmation, str, "confirmation")
     if not isinstance(basis, str) or not basis.strip():
         raise InvalidInputError("an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'", request_id=request_id)
     check_note(basis, "basis")

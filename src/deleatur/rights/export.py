@@ -49,7 +49,7 @@ from ..decisions.snapshots import canonical, explain_any
 from ..erasure.requests import ErasureRequest
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
-from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject
+from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
 from ..store.protocol import StoredRow
 from .restriction import restrictions
 
@@ -122,6 +122,7 @@ RECORD_COLUMNS = (
 
 class _Export:
     def __init__(self, memory: Memory, *, subject: str | None, user_id: str | None) -> None:
+        check_optional(user_id, str, "user_id")
         if (subject is None) == (user_id is None):
             raise InvalidInputError("an export needs exactly one of a subject or a user id")
         self.memory = memory
@@ -228,6 +229,8 @@ class _Export:
 def export_json(
     memory: Memory, out: TextSink, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
+    if not callable(getattr(out, "write", None)):
+        raise InvalidInputError("out must be a text stream: something with a write method")
     job = _Export(memory, subject=subject, user_id=user_id)
     head = {
         "format": FORMAT,

@@ -22,7 +22,7 @@ from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..log.merkle import leaf_hash
 from ..log.retention import digest, pruned, pruned_leaf
-from ..model import EVERYWHERE, Space
+from ..model import EVERYWHERE, Space, check_number
 
 if TYPE_CHECKING:
     from ..erasure.engine import ErasureResult
@@ -49,7 +49,7 @@ def _setting(memory: Memory, kind: str) -> str:
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
         raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
-    if days is not None and not 0 < days <= MAX_DAYS:
+    if days is not None and not 0 < check_number(days, "days") <= MAX_DAYS:
         raise InvalidInputError(f"a retention period must be a positive number of days, at most {MAX_DAYS:,}")
     with memory._logged():  # the change and its audit entry commit together
         memory.backend.put_setting(_setting(memory, kind), None if days is None else str(int(days * _DAY_US)))
@@ -78,7 +78,7 @@ def purge(
     issue_token: bool = False,
     confirmation: str | None = None,
 ) -> ErasureResult:
-    if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:
+    if older_than_days is not None and not 0 <= check_number(older_than_days, "older_than_days") <= MAX_DAYS:
         raise InvalidInputError(f"older_than_days (--older-than) must be a number of days from 0 to {MAX_DAYS:,}")
     now = memory._clock()
     created_before = None if older_than_days is None else now - int(older_than_days * _DAY_US)
@@ -88,7 +88,8 @@ def purge(
         scope=EVERYWHERE,
         # A new id each run: one per second let a second purge within that second
         # collide with (or silently repeat) the first.
-        request_id=request_id or f"RET-{memory._ids.new()}",
+        # None asks for an id; an empty one is bad input, refused as erase refuses it.
+        request_id=f"RET-{memory._ids.new()}" if request_id is None else request_id,
         basis=BASIS,
         requester="retention policy",
         dry_run=dry_run,
