@@ -586,6 +586,12 @@ def test_an_account_erasure_leaves_no_principal_naming_the_user(memory: Memory, 
 
 
 def test_a_scope_cannot_be_made_to_look_like_an_erased_user(memory: Memory) -> None:
+    """Nor can a user id: a space named like a marker would be covered by the erased
+    user's old keys and audited under that user's token."""
     with pytest.raises(InvalidInputError, match="erased-user:"):
         memory.create_principal("sneaky", Role.MEMBER, scopes=["erased-user:" + "0" * 64])
     assert [p.name for p in memory.principals() if p.name == "sneaky"] == []
+    marker = "erased-user:" + memory._user_ref("alice")
+    for make in (lambda: Space(marker), lambda: SpaceFilter(marker)):
+        with pytest.raises(InvalidInputError, match="may not start with 'erased-user:'"):
+            make()

@@ -252,8 +252,9 @@ def test_purge_include_audit_cli(cli: Cli) -> None:
     assert cli("remember", "x", "-s", "a")[0] == 0
     code, _, err = cli("purge", "--include-audit")
     assert code == 2 and "--older-than" in err
-    code, _, err = cli("purge", "--older-than", "0", "--include-audit", "--request-id", "bad id!")
-    assert code == 2 and "request id" in err
+    for bad in (["--request-id", "bad id!"], ["--issue-token"], ["--confirm", "some-token"]):
+        code, _, err = cli("purge", "--older-than", "0", "--include-audit", *bad)
+        assert code == 2, bad
     code, out, _ = cli("audit", "show", "--json")
     assert code == 0 and "retention" not in {json.loads(line)["type"] for line in out.splitlines()}  # nothing pruned
     code, out, _ = cli("purge", "--older-than", "0", "--include-audit", "--json")

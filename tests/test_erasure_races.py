@@ -123,6 +123,53 @@ m.rectify("alice::phone", "Alice phone +200", reason="wrong", actor="dpo", erase
         assert [r.text for r in memory.history("alice::phone")] == ["Alice phone +200"]
 
 
+def test_a_crash_before_an_account_erasures_scrub_is_scrubbed_on_the_next_open(tmp_path: Path) -> None:
+    """The account erasure rewrites rows that named the user (API key scopes, decisions)
+    beside the rows it deletes: killed after its keys are gone but before its scrub, the
+    next open still scrubs, so the user id is in no byte of any file."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+from deleatur import Memory, Role, Space, from_bytes
+m = Memory.open({str(tmp_path / "m.db")!r}, from_bytes(bytes(range(32))), create=True)
+m.new_signing_key()
+m.create_principal("app", Role.MEMBER, scopes=["cust_qzwombat"])
+m.remember("a note", subject="Ann", space=Space("cust_qzwombat"))
+m.backend.scrub()
+Memory._scrub = lambda self, wait=True: os._exit(9)
+m.erase_all(user_id="cust_qzwombat", request_id="ACC-1", basis="Art. 17(1)(a)", requester="dpo")
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    with Memory.open(tmp_path / "m.db", from_bytes(MASTER)) as memory:
+        assert memory.erasure_request("ACC-1").status is RequestStatus.COMPLETE
+        for path in store_files(tmp_path / "m.db"):
+            assert b"cust_qzwombat" not in path.read_bytes(), path
+
+
+def test_opening_a_store_marked_for_a_scrub_does_not_wait_for_a_reader(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that keeps a removal's -wal from being truncated (a long export) must not
+    make every open wait out the busy timeout: the open tries once, and the mark stays."""
+    from deleatur import sqlitefile
+
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.remember("x", subject="a", key="k")
+        reader = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+        reader.execute("BEGIN").fetchall()
+        reader.execute("SELECT count(*) FROM records").fetchall()
+        monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 200)
+        memory.rectify("k", "y", reason="wrong", actor="dpo", erase_previous=True)
+        assert memory.backend.scrub_pending()
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a wait would hang the test
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert memory.backend.scrub_pending()
+    reader.execute("COMMIT").fetchall()
+    reader.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert not memory.backend.scrub_pending()
+
+
 def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from deleatur import sqlitefile
 

@@ -154,6 +154,23 @@ def test_a_csv_export_that_fails_halfway_leaves_no_bundle(
     assert len(list((out / "empty").iterdir())) == 7
 
 
+def test_a_csv_export_goes_into_the_current_directory_or_through_a_symlink(
+    populated: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    populated.export_csv(Path("."), subject="Alice")
+    assert Path.cwd() == here and len(list(here.iterdir())) == 7
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    populated.export_csv(tmp_path / "link", subject="Alice")
+    assert (tmp_path / "link").is_symlink() and len(list(real.iterdir())) == 7
+    assert stat.S_IMODE(real.stat().st_mode) == 0o700
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
 def test_every_export_is_logged_without_names(populated: Memory) -> None:
     populated.export_json(io.StringIO(), subject="Alice")
     *_, last, call = [Entry.decode(raw) for _, raw in populated.backend.log_entries()]

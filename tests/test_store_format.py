@@ -21,6 +21,7 @@ from deleatur import (
     SpaceFilter,
     StoreError,
     from_bytes,
+    from_file,
 )
 from deleatur.store import schema
 
@@ -190,6 +191,22 @@ Memory.init({str(tmp_path / "m.db")!r})
         assert report.ok, report
     with pytest.raises(StoreError, match="already exists"):
         Memory.init(tmp_path / "m.db")  # a store in use is never taken over
+
+
+def test_init_never_makes_a_new_key_store_for_a_store_in_use(tmp_path: Path) -> None:
+    """Its key store moved or unmounted, a used store must not get a new, empty one: every
+    record would then read as crypto-shredded."""
+    memory, _ = Memory.init(tmp_path / "m.db")
+    with memory:
+        memory.remember("kept", subject="a")
+    keys = tmp_path / "m.db.keys"
+    keys.rename(tmp_path / "elsewhere.keys")
+    with pytest.raises(MasterKeyError, match="is missing"):
+        Memory.init(tmp_path / "m.db")
+    assert not keys.exists()
+    (tmp_path / "elsewhere.keys").rename(keys)
+    with Memory.open(tmp_path / "m.db", from_file(tmp_path / "m.db.master-key")) as memory:
+        assert [r.text for r in memory.list()] == ["kept"]
 
 
 def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:

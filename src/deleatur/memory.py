@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import apsw
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -30,7 +31,6 @@ from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
 from .access.principals import (
-    ERASED_USER,
     Capability,
     Principal,
     Role,
@@ -70,6 +70,7 @@ from .log.witness import format_request
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
+    ERASED_USER,
     EVERYWHERE,
     Hit,
     NewMemory,
@@ -205,7 +206,10 @@ class Memory:
         if self.backend.index_holds_words():
             self._hash_index_terms()
         if self.backend.scrub_pending():
-            self._scrub()  # a removal committed, then the process died before its scrub
+            # A removal committed, then its process died before the scrub (or a reader
+            # held it off). Without waiting: a reader still there would stall every open;
+            # the mark stays for the next removal's scrub, or the next open.
+            self._scrub(wait=False)
 
     # -- opening -----------------------------------------------------------------
 
@@ -321,8 +325,10 @@ class Memory:
         refusal = StoreError(f"{store_path} already exists; refusing to overwrite it")
         if master is None:
             raise refusal
-        # create: files an init made and was killed before it set up are set up now.
-        memory = cls.open(store_path, master, create=True, **options)
+        # Files an init made and was killed before it set up are set up now; but never a
+        # key store for a store that has been used (moved, unmounted, lost: a new, empty
+        # one would make every record read as crypto-shredded).
+        memory = cls.open(store_path, master, create=not _holds_entries(store_path), **options)
         try:
             # Opening announces a key file that init wrote and did not get to announce.
             interrupted = memory.log.signer is None or memory._key_announced_at_open
@@ -437,11 +443,11 @@ class Memory:
     def _name_subject(self, subject: str | None) -> None:
         calls.name_subject(self, subject)
 
-    def _scrub(self) -> bool:
+    def _scrub(self, *, wait: bool = True) -> bool:
         """Truncate the -wal of the database and of the key store, as an erasure must:
         False if a reader kept either from being truncated."""
-        database = self.backend.scrub()
-        return self.keys.scrub() and database
+        database = self.backend.scrub(wait=wait)
+        return self.keys.scrub(wait=wait) and database
 
     def _user_token(self, user_id: str) -> str:
         if user_id.startswith(ERASED_USER):  # a scope kept by reference (see admin.rescope_erased_user)
@@ -1158,6 +1164,8 @@ class Memory:
             # Re-read after the write: the value it superseded has left the index since.
             self._purge(r for r in self.backend.history(self.tenant, space, key_ref) if r.id in earlier)
             redact_decisions(self, sorted(earlier), record.id, self._clock(), events, by="rectification")
+            if erase_previous:
+                self.backend.scrub_after_commit()
         if erase_previous:
             self.backend.scrub()
         return record
@@ -1185,6 +1193,7 @@ class Memory:
             now = self._clock()
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
+            self.backend.scrub_after_commit()
         self.backend.scrub()  # the retired text's index terms leave the -wal too
         return self._decrypt(self._row_in_space(row.id, space))
 
@@ -1507,3 +1516,14 @@ class Memory:
         if not rows:
             raise NotFoundError("no record with this key in this space")
         return [self._decrypt(r) for r in rows]
+
+
+def _holds_entries(store_path: Path) -> bool:
+    """Whether the store's log has any entry (read-only; a file not yet set up has none)."""
+    conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return bool(conn.execute("SELECT 1 FROM log_entries LIMIT 1").fetchall())
+    except apsw.SQLError:
+        return False  # no such table: an init killed before it made the schema
+    finally:
+        conn.close()

@@ -133,15 +133,24 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT").fetchall()
 
 
-def scrub(conn: apsw.Connection) -> bool:
+def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     """Move every committed page into the main file and empty the -wal file, so old
     page images holding removed data do not linger there.
 
     A reader in another connection holding an older snapshot keeps the -wal from
-    being truncated (SQLite waits for it up to the busy timeout): then this returns
-    False, and the caller must say so rather than claim the -wal is clean.
+    being truncated (SQLite waits for it up to the busy timeout, or not at all
+    without ``wait``): then this returns False, and the caller must say so rather
+    than claim the -wal is clean.
     """
-    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+    if not wait:
+        conn.set_busy_handler(None)
+    try:
+        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+    except apsw.BusyError:
+        return False
+    finally:
+        if not wait:
+            conn.set_busy_handler(_busy_handler())
     return busy == 0
 
 

@@ -7,10 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
-from ..model import check_items, check_tenant, check_type
+from ..model import ERASED_USER, check_items, check_tenant, check_type
 from .calls import deny, refused_key
 from .principals import (
-    ERASED_USER,
     Principal,
     Role,
     check_principal_name,

@@ -15,9 +15,9 @@ from ..erasure.engine import get_request, settle
 from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, reached_users
 from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject
+from ..model import ERASED_USER, canonical_subject
 from .guard import Call
-from .principals import ERASED_USER, Capability, Principal
+from .principals import Capability, Principal
 
 if TYPE_CHECKING:
     from ..memory import Memory

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import Space, check_name, check_type
+from ..model import ERASED_USER, Space, check_name, check_type
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -29,9 +29,6 @@ SECRET_BYTES = 32
 _KEY = re.compile(r"dlt_([0-9a-f]{32})_([A-Za-z0-9_-]{43})")
 #: The id of the principal a local shell acts as: the deployment's operator.
 OPERATOR_ID = "local-operator"
-#: A scope whose user an account erasure reached: kept as the user's blind reference
-#: (hex) after this prefix, never by name. It still covers that user id, as before.
-ERASED_USER = "erased-user:"
 
 
 class Capability(enum.StrEnum):

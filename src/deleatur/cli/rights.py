@@ -134,8 +134,13 @@ def purge(
     """Hard-delete expired records (and, with --older-than, old ones), with tombstones."""
     if include_audit and (older_than is None or dry_run):
         raise InvalidInputError("--include-audit needs --older-than DAYS, and has no dry run")
+    # Everything the purge could refuse as bad input is checked before the audit is pruned.
     if request_id is not None:
-        check_request_id(request_id)  # before the audit is pruned: bad input changes nothing
+        check_request_id(request_id)
+    if issue_token and not dry_run:
+        raise InvalidInputError("--issue-token comes with --dry-run: a token confirms a dry run")
+    if include_audit and confirm is not None:
+        raise InvalidInputError("--include-audit is the operator's, who confirms nothing: drop --confirm")
     with open_memory() as memory:
         # The operator-only part first: a refusal leaves everything as it was.
         pruned = memory.prune_audit(older_than_days=older_than) if include_audit and older_than is not None else None

@@ -326,10 +326,10 @@ class KeyStore:
         self.scrub()  # an erasure's settle() checks again, and says if a reader prevented it
         return gone
 
-    def scrub(self) -> bool:
+    def scrub(self, *, wait: bool = True) -> bool:
         """Empty the key store's -wal, which still holds destroyed keys' pages after the
         delete; False if a reader kept it from being truncated (see sqlitefile.scrub)."""
-        return scrub(self._conn)
+        return scrub(self._conn, wait=wait)
 
     def close(self) -> None:
         self._by_id.clear()

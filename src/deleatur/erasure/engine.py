@@ -296,6 +296,9 @@ def erase(
             if subject_ref is not None and canonical is not None:
                 pseudonym = memory.keys.pseudonym(memory.tenant, subject_ref, canonical)
             memory._purge(memory.backend.rows(memory.tenant, plan.ids))
+            # Besides the rows, what follows rewrites others that named the subject or
+            # account (decisions, restrictions, scopes): settle() scrubs, or the next open.
+            memory.backend.scrub_after_commit()
             for ref in destroy:
                 memory.backend.delete_restriction(memory.tenant, ref)  # its reason is the subject's data too
             # A key that another committed erasure is destroying is that one's to count

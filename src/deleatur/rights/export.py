@@ -258,12 +258,16 @@ def export_csv(
     memory: Memory, directory: Path, *, subject: str | None = None, user_id: str | None = None
 ) -> dict[str, int]:
     """The bundle is written whole or not at all: into a new private directory beside
-    ``directory``, renamed onto it (an empty one, or none) once every file is written."""
+    ``directory``, which becomes ``directory`` once every file is written. An existing
+    (empty) directory stays where it is, since it may be the current one or behind a
+    symlink: the written files move into it, the manifest last, and it is made private."""
     job = _Export(memory, subject=subject, user_id=user_id)
     if directory.exists() and not directory.is_dir():
         raise InvalidInputError(f"{directory} is a file; a csv export needs a directory")
     if directory.exists() and any(directory.iterdir()):
         raise InvalidInputError(f"{directory} is not empty; refusing to mix exports")
+    existing = directory.exists()
+    directory = directory.resolve()  # ".", "..", a symlink: the directory they name
     partial = directory.with_name(f".{directory.name}.{secrets.token_hex(4)}.partial")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +277,12 @@ def export_csv(
     try:
         _write_bundle(memory, job, partial)
         try:
-            os.replace(partial, directory)
+            if existing:
+                for name in sorted(os.listdir(partial), key=lambda name: name == "manifest.json"):
+                    os.replace(partial / name, directory / name)
+                directory.chmod(0o700)
+            else:
+                os.replace(partial, directory)
         except OSError as exc:
             raise InvalidInputError(f"cannot write {directory}: {exc.strerror}") from None
     finally:

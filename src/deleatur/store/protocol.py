@@ -270,9 +270,15 @@ class Backend(Protocol):
         """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
-    def scrub(self) -> bool:
+    def scrub(self, *, wait: bool = True) -> bool:
         """After a purge commits: leave no removed bytes in journals or free pages.
-        False if other connections' read snapshots kept the -wal from being truncated."""
+        False if other connections' read snapshots kept the -wal from being truncated
+        (waiting for them up to the busy timeout, or not at all without ``wait``)."""
+        ...
+
+    def scrub_after_commit(self) -> None:
+        """Inside a transaction that removes or rewrites data: mark the store until a
+        scrub succeeds, so that if the process dies before it, the next open scrubs."""
         ...
 
     def scrub_pending(self) -> bool:

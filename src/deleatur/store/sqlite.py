@@ -226,7 +226,7 @@ class SQLiteBackend:
             self._conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
             self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", entries)
             self._conn.execute("DELETE FROM meta WHERE k = 'index_terms'")
-            self._scrub_after_commit()
+            self.scrub_after_commit()
 
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:
         if not rows:
@@ -578,7 +578,7 @@ class SQLiteBackend:
             "DELETE FROM restrictions WHERE tenant = ? AND subject_ref = ? RETURNING 1", (tenant, subject_ref)
         ).fetchone()
         if found is not None:
-            self._scrub_after_commit()
+            self.scrub_after_commit()
         return found is not None
 
     def restrictions(self, tenant: str, subject_ref: bytes | None = None) -> list[dict[str, Any]]:
@@ -673,7 +673,7 @@ class SQLiteBackend:
             "DELETE FROM lineage_stubs WHERE NOT EXISTS (SELECT 1 FROM lineage WHERE parent = lineage_stubs.id)"
         )
         if count:
-            self._scrub_after_commit()
+            self.scrub_after_commit()
         return count
 
     def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
@@ -757,7 +757,7 @@ class SQLiteBackend:
 
     def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
         self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
-        self._scrub_after_commit()
+        self.scrub_after_commit()
 
     def newest_id(self) -> str | None:
         (newest,) = self._conn.execute("SELECT max(id) FROM records").fetchall()[0]
@@ -812,7 +812,7 @@ class SQLiteBackend:
         rows = self._conn.execute("SELECT key_id, vkey, log_index, created_at FROM signing_keys ORDER BY log_index")
         return [(str(a), str(b), int(c), int(d)) for a, b, c, d in rows]
 
-    def _scrub_after_commit(self) -> None:
+    def scrub_after_commit(self) -> None:
         """In a transaction that removes data: mark the store until a scrub succeeds, so
         that if the process dies between the commit and the scrub, the next open scrubs."""
         self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, '1')", (_SCRUB_PENDING,))
@@ -820,8 +820,8 @@ class SQLiteBackend:
     def scrub_pending(self) -> bool:
         return self._conn.execute("SELECT 1 FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone() is not None
 
-    def scrub(self) -> bool:
-        clean = scrub(self._conn)
+    def scrub(self, *, wait: bool = True) -> bool:
+        clean = scrub(self._conn, wait=wait)
         if clean and self.scrub_pending():
             self._conn.execute("DELETE FROM meta WHERE k = ?", (_SCRUB_PENDING,))
             # The -wal holds only that change now: truncating it again leaves it empty, as a
