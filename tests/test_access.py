@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from deleatur import (
@@ -595,3 +596,21 @@ def test_a_scope_cannot_be_made_to_look_like_an_erased_user(memory: Memory) -> N
     for make in (lambda: Space(marker), lambda: SpaceFilter(marker)):
         with pytest.raises(InvalidInputError, match="may not start with 'erased-user:'"):
             make()
+
+
+def test_a_principal_named_before_names_were_one_line_still_acts_through_the_servers(memory: Memory) -> None:
+    """The servers record a caller's principal name as the actor or requester, which
+    must be one line; a name stored before that rule may hold a line break."""
+    from deleatur.servers.calls import on_behalf
+
+    principal, api_key = memory.create_principal("ops", Role.ADMIN)
+    apsw.Connection(str(memory.backend.files()[0])).execute(
+        "UPDATE principals SET name = ? WHERE id = ?", ("ops\nteam", principal.id)
+    )
+    view = memory.as_principal(memory.authenticate(api_key))
+    assert view.principal.name == "ops\nteam" and view.principal.who == "ops team"
+    memory.remember("Alice's note", subject="Alice")
+    view.restrict("Alice", reason="contested", actor=on_behalf(view, None, "actor"))
+    assert [r.actor for r in memory.restrictions()] == ["ops team"]
+    erased = view.erase("Alice", request_id="E-LEGACY", basis=BASIS, requester=on_behalf(view, "Alice", "requester"))
+    assert erased.request is not None and erased.request.requester == "Alice (via ops team)"

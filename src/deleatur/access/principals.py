@@ -85,6 +85,12 @@ class Principal:
         return cls(OPERATOR_ID, tenant, "local operator", Role.ADMIN, operator=True)
 
     @property
+    def who(self) -> str:
+        """The name as one line, as actors and requesters are kept: a principal named
+        before names had to be one line may hold a line break, and must still act."""
+        return " ".join(self.name.split()) or self.id
+
+    @property
     def capabilities(self) -> frozenset[Capability]:
         return ROLE_CAPABILITIES[self.role]
 

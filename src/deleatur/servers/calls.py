@@ -69,7 +69,7 @@ def on_behalf(memory: Memory, named: str | None, what: str) -> str:
     of the caller's key, as '<named> (via <principal>)' when the caller names whom it
     acts for. The principal is always there, and the name is one line: a request cannot
     pass for another's, nor show another principal on a line of its own."""
-    caller = memory.principal.name
+    caller = memory.principal.who
     if named is None:
         return caller
     if isinstance(named, str) and not named.strip():

@@ -675,7 +675,7 @@ def create_app(
                     run_id=body.run_id,
                     request_id=request_id,
                     basis=DEFAULT_BASIS,
-                    requester=m.principal.name,
+                    requester=m.principal.who,
                     dry_run=True,
                     issue_token=body.issue_token,
                 )
@@ -687,7 +687,7 @@ def create_app(
                     subject,
                     request_id=request_id,
                     basis=DEFAULT_BASIS,
-                    requester=m.principal.name,
+                    requester=m.principal.who,
                     scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),
                     dry_run=True,
                     issue_token=body.issue_token,

@@ -355,7 +355,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 key,
                 text,
                 reason=reason,
-                actor=memory.principal.name,
+                actor=memory.principal.who,
                 space=Space(user_id, agent_id, run_id),
                 erase_previous=erase_previous,
                 for_legal_claim=for_legal_claim,
@@ -390,7 +390,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 subject,
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
-                requester=memory.principal.name,
+                requester=memory.principal.who,
                 # Filters, as the library, the CLI (erase --agent "") and HTTP read them: left
                 # out, any value; "" the spaces without one. No space, so no "default" user.
                 scope=SpaceFilter(user_id, agent_id, run_id),
@@ -424,7 +424,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 run_id=run_id,
                 request_id=new_request_id(request_id, "MCP"),
                 basis=basis,
-                requester=memory.principal.name,
+                requester=memory.principal.who,
                 dry_run=dry_run,
                 issue_token=dry_run,
                 confirmation=confirmation,
@@ -512,7 +512,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         """Art. 18: keep a subject's records but stop recalling them and refuse new writes."""
 
         def run(memory: Memory) -> CallToolResult:
-            restriction = memory.restrict(subject, reason=reason, actor=memory.principal.name)
+            restriction = memory.restrict(subject, reason=reason, actor=memory.principal.who)
             return _ok(f"Restricted processing of '{subject}'.", restriction.to_json())
 
         return call(ctx, run)
