@@ -13,6 +13,7 @@ import apsw
 import pytest
 
 from deleatur.memory import keystore_path
+from deleatur.model import check_who
 
 from .conftest import Cli
 
@@ -325,3 +326,20 @@ def test_text_is_refused_with_control_characters_and_old_ones_are_shown_not_run(
     assert "old\\x1b]0;owned\\x07 text" in out
     code, out, _ = cli("list", "--subject", "b", "--json")
     assert json.loads(out)[0]["text"] == "old\x1b]0;owned\x07 text"  # JSON carries it escaped, intact
+
+
+def test_audit_show_keeps_an_older_multi_line_actor_on_its_entrys_line(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older release took an actor with a line break; shown raw, its second line would
+    pass for an entry, or a field, of its own."""
+    from deleatur.rights import restriction
+
+    assert cli("init")[0] == 0
+    assert cli("remember", "a note", "-s", "Ann")[0] == 0
+    monkeypatch.setattr(restriction, "check_who", lambda value, what, missing: value)
+    assert cli("restrict", "Ann", "--reason", "contested", "--actor", "clerk\nactor=operator")[0] == 0
+    monkeypatch.setattr(restriction, "check_who", check_who)
+    code, out, _ = cli("audit", "show")
+    assert code == 0 and "actor=clerk\\nactor=operator" in out
+    assert not any(line.startswith("actor=") for line in out.splitlines())

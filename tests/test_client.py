@@ -349,6 +349,27 @@ def test_dot_segments_reach_their_own_route(admin: Pair, name: str) -> None:
     same(account.request, memory.erasure_request(f"DOTU-{len(name)}"))
 
 
+def test_erasure_requests_page_as_the_librarys(admin: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request can name thousands of records: the route answers a page at a time, and
+    the client follows the pages, as the library's list is whole."""
+    client, memory = admin.remote, admin.local
+    for n in range(5):
+        memory.erase(f"Nobody {n}", request_id=f"PAGE-{n}", basis="Art. 17(1)(a)", requester="dpo")
+    everything = [r.id for r in memory.erasure_requests()]
+    monkeypatch.setattr(client_module, "_PAGE", 2)  # so the client follows many pages
+    assert [r.id for r in client.erasure_requests()] == everything
+    start = everything.index("PAGE-1")
+    for arguments in ({"limit": 3}, {"after": "PAGE-1"}, {"after": "PAGE-1", "limit": 2}):
+        local = [r.id for r in memory.erasure_requests(**arguments)]
+        assert [r.id for r in client.erasure_requests(**arguments)] == local, arguments
+    assert [r.id for r in memory.erasure_requests(after="PAGE-1", limit=2)] == everything[start + 1 : start + 3]
+    assert memory.erasure_requests(after="NO-SUCH-REQUEST") == []
+    page = client.http.get("/v1/erasures", params={"limit": 2}).json()
+    assert [r["id"] for r in page["requests"]] == everything[:2] and page["next"] == everything[1]
+    last = client.http.get("/v1/erasures", params={"limit": 1000, "after": everything[-2]}).json()
+    assert [r["id"] for r in last["requests"]] == everything[-1:] and last["next"] is None
+
+
 def test_the_audit_trail_is_the_librarys(admin: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
     client, memory = admin.remote, admin.local
     client.remember("audited", subject="Audit Al", space=Space("auditing"))

@@ -23,6 +23,7 @@ from deleatur import (
     from_bytes,
     from_file,
 )
+from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.store import schema
 
 from .conftest import MASTER, store_files
@@ -207,6 +208,34 @@ def test_init_never_makes_a_new_key_store_for_a_store_in_use(tmp_path: Path) -> 
     (tmp_path / "elsewhere.keys").rename(keys)
     with Memory.open(tmp_path / "m.db", from_file(tmp_path / "m.db.master-key")) as memory:
         assert [r.text for r in memory.list()] == ["kept"]
+
+
+def test_a_v11_store_forgets_what_older_releases_kept_of_erased_accounts(store_path: Path) -> None:
+    """v12: API keys scoped to an account erased before it kept the user id in clear, and
+    spent or pending confirmation tokens kept plain hashes of their plans. Opening the
+    store keeps those scopes by reference (with the same reach) and drops the tokens."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        scoped, _ = memory.create_principal("app", Role.MEMBER, scopes=["cust_qzold", "u2"])
+        memory.remember("a note", subject="Ann", space=Space("cust_qzold"))
+        memory.erase_all(user_id="cust_qzold", request_id="ACC-OLD", basis="Art. 17(1)(a)", requester="dpo")
+        memory.erase_all(user_id="u2", agent_id="a", request_id="ACC-PART", basis="Art. 17(1)(a)", requester="dpo")
+        memory.remember("Bo's note", subject="Bo")
+        token = memory.erase("Bo", request_id="D", basis="b", requester="r", dry_run=True, issue_token=True).token
+    conn = apsw.Connection(str(store_path))  # as the older release left it
+    conn.execute("UPDATE principals SET scopes = ? WHERE id = ?", ('["cust_qzold", "u2"]', scoped.id))
+    conn.execute("PRAGMA user_version = 11")
+    conn.close()
+    assert b"cust_qzold" in b"".join(p.read_bytes() for p in store_files(store_path))
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        (scopes,) = [p.scopes for p in memory.principals() if p.id == scoped.id]
+        assert scopes is not None and "u2" in scopes and len(scopes) == 2  # a partial erasure ends no account
+        view = memory.as_principal(next(p for p in memory.principals() if p.id == scoped.id))
+        assert view.erasure_request("ACC-OLD").status.value == "complete"
+        with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
+            memory.erase("Bo", request_id="E", basis="b", requester="r", require_confirmation=True, confirmation=token)
+    assert _version(store_path) == 12
+    assert b"cust_qzold" not in b"".join(p.read_bytes() for p in store_files(store_path))
 
 
 def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:

@@ -155,6 +155,10 @@ def _page(data: Any) -> tuple[list[Record], str | None]:
     return [Record.from_json(r) for r in data["records"]], data["next"]
 
 
+def _requests_page(data: Any) -> tuple[list[ErasureRequest], str | None]:
+    return [ErasureRequest.from_json(r) for r in data["requests"]], data["next"]
+
+
 class Client:
     """``transport`` (e.g. ``httpx.MockTransport``) or a whole ``http`` client (e.g.
     Starlette's ``TestClient``) replace the network for tests."""
@@ -390,8 +394,18 @@ class Client:
         path = f"/v1/erasures/{_segment(request_id, check_request_id)}"
         return self._call(ErasureRequest.from_json, "GET", path)
 
-    def erasure_requests(self) -> builtins.list[ErasureRequest]:
-        return self._call(lambda d: [ErasureRequest.from_json(r) for r in d["requests"]], "GET", "/v1/erasures")
+    def erasure_requests(self, *, limit: int | None = None, after: str | None = None) -> builtins.list[ErasureRequest]:
+        """All of them (or the first ``limit``), the server's pages followed to the end."""
+        if limit is not None:
+            check_int(limit, "limit", low=1)
+        if after is not None:
+            check_request_id(after)
+
+        def fetch(cursor: str | None, done: int) -> tuple[builtins.list[ErasureRequest], str | None]:
+            page = {"limit": _page_size(limit, done), "after": cursor}
+            return self._call(_requests_page, "GET", "/v1/erasures", params=_drop_none(page))
+
+        return builtins.list(_stream(fetch, after, limit))[:limit]
 
     def certificate(self, request_id: str) -> dict[str, Any]:
         return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id, check_request_id)}/certificate")

@@ -34,6 +34,8 @@ from .access.principals import (
     Capability,
     Principal,
     Role,
+    erased_ref,
+    rescope_erased_accounts,
 )
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
@@ -45,7 +47,7 @@ from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
 from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids, settle
-from .erasure.requests import ErasureRequest
+from .erasure.requests import ErasureRequest, check_request_id
 from .erasure.residue import ResidueHit, scan
 from .errors import (
     AccessDeniedError,
@@ -70,7 +72,6 @@ from .log.witness import format_request
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
-    ERASED_USER,
     EVERYWHERE,
     Hit,
     NewMemory,
@@ -205,6 +206,9 @@ class Memory:
             self._announce_first_key(signer)
         if self.backend.index_holds_words():
             self._hash_index_terms()
+        erased = self.backend.erased_accounts()
+        if erased is not None:
+            rescope_erased_accounts(self, erased)
         if self.backend.scrub_pending():
             # A removal committed, then its process died before the scrub (or a reader
             # held it off). Without waiting: a reader still there would stall every open;
@@ -450,8 +454,9 @@ class Memory:
         return self.keys.scrub(wait=wait) and database
 
     def _user_token(self, user_id: str) -> str:
-        if user_id.startswith(ERASED_USER):  # a scope kept by reference (see admin.rescope_erased_user)
-            return self.keys.index.token("user", bytes.fromhex(user_id.removeprefix(ERASED_USER)))
+        ref = erased_ref(user_id)
+        if ref is not None:  # a scope kept by reference (see principals.rescope_erased_user)
+            return self.keys.index.token("user", ref)
         return self._token("user", user_id)
 
     def _user_ref(self, user_id: str) -> str:
@@ -1426,9 +1431,15 @@ class Memory:
         return calls.readable_request(self, request_id)
 
     @guarded("erasure.list", (R, V), calls.own_scopes)
-    def erasure_requests(self) -> builtins.list[ErasureRequest]:
-        """The tenant's erasure requests; for a key scoped to users, those in theirs."""
-        return calls.readable_requests(self)
+    def erasure_requests(self, *, limit: int | None = None, after: str | None = None) -> builtins.list[ErasureRequest]:
+        """The tenant's erasure requests in the order received; for a key scoped to users,
+        those in theirs. ``limit`` and ``after`` (the last request id of the previous
+        page) page through them; an id that names no request gives an empty page."""
+        if limit is not None:
+            check_int(limit, "limit", low=1)
+        if after is not None:
+            check_request_id(after)
+        return calls.readable_requests(self, limit=limit, after=after)
 
     # -- reading -----------------------------------------------------------------
 

@@ -139,17 +139,6 @@ def canonical_key(original: str) -> str:
     return canonical
 
 
-#: What an API key's scope becomes when an account erasure reaches its user: this, then
-#: the user's blind reference (see access.principals). No user id may look like one.
-ERASED_USER = "erased-user:"
-
-
-def _check_user_id(value: str) -> None:
-    check_name(value, "user_id", allow_empty=False)
-    if value.startswith(ERASED_USER):
-        raise InvalidInputError(f"user_id may not start with {ERASED_USER!r}, which marks an erased user")
-
-
 @dataclass(frozen=True, slots=True)
 class Space:
     """Where a memory lives inside a tenant. Matching is exact on all three parts."""
@@ -159,7 +148,7 @@ class Space:
     run_id: str = ""
 
     def __post_init__(self) -> None:
-        _check_user_id(self.user_id)
+        check_name(self.user_id, "user_id", allow_empty=False)
         check_name(self.agent_id, "agent_id", allow_empty=True)
         check_name(self.run_id, "run_id", allow_empty=True)
 
@@ -452,7 +441,7 @@ class SpaceFilter:
 
     def __post_init__(self) -> None:
         if self.user_id is not None:
-            _check_user_id(self.user_id)
+            check_name(self.user_id, "user_id", allow_empty=False)
         for name in ("agent_id", "run_id"):
             value = getattr(self, name)
             if value is not None:

@@ -7,13 +7,14 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
-from ..model import ERASED_USER, check_items, check_tenant, check_type
+from ..model import check_items, check_tenant, check_type
 from .calls import deny, refused_key
 from .principals import (
     Principal,
     Role,
     check_principal_name,
     digest_matches,
+    erased_ref,
     new_api_key,
     parse_role,
     split_api_key,
@@ -64,8 +65,8 @@ def create(
     wanted = None if scopes is None else frozenset(check_items(scopes, str, "scopes"))
     if wanted is not None and not wanted:
         raise InvalidInputError("scopes, when given, must name at least one user id")
-    if wanted is not None and any(s.startswith(ERASED_USER) for s in wanted):
-        raise InvalidInputError(f"a scope may not start with {ERASED_USER!r}: it marks an erased user")
+    if wanted is not None and any(isinstance(s, str) and erased_ref(s) is not None for s in wanted):
+        raise InvalidInputError("a scope may not be an erased user's marker (erased-user: and a reference)")
     principal_id = memory._ids.new().replace("-", "")
     principal = Principal(
         principal_id,

@@ -15,9 +15,9 @@ from ..erasure.engine import get_request, settle
 from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, reached_users
 from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
 from ..log.entries import Entry, EventType
-from ..model import ERASED_USER, canonical_subject
+from ..model import canonical_subject
 from .guard import Call
-from .principals import Capability, Principal
+from .principals import Capability, Principal, erased_ref
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -80,8 +80,8 @@ def _within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] |
     scopes = memory.principal.scopes
     if scopes is None or request.users is None:
         return None
-    named = reached_users(memory, [s for s in scopes if not s.startswith(ERASED_USER)])
-    named.update({s.removeprefix(ERASED_USER): s for s in scopes if s.startswith(ERASED_USER)})
+    named = reached_users(memory, [s for s in scopes if erased_ref(s) is None])
+    named.update({ref.hex(): s for s in scopes if (ref := erased_ref(s)) is not None})
     return tuple(named[ref] for ref in request.users) if all(ref in named for ref in request.users) else None
 
 
@@ -123,12 +123,25 @@ def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
     return request
 
 
-def readable_requests(memory: Memory) -> list[ErasureRequest]:
-    """The tenant's requests, or a scoped key's own (those within its scopes)."""
-    requests = [ErasureRequest.from_row(row) for row in memory.backend.requests(memory.tenant)]
-    if memory.principal.scopes is None:
-        return requests
-    return [request.beyond_scopes_hidden() for request in requests if _within_scopes(memory, request) is not None]
+def readable_requests(memory: Memory, *, limit: int | None, after: str | None) -> list[ErasureRequest]:
+    """The tenant's requests, or a scoped key's own (those within its scopes): up to
+    ``limit`` of them, in the order received, from after the request ``after``."""
+    scoped = memory.principal.scopes is not None
+    out: list[ErasureRequest] = []
+    while True:
+        # A scoped key's page is filtered: read on until it is full or the requests end.
+        batch = None if limit is None else max(limit - len(out), 100) if scoped else limit - len(out)
+        rows = memory.backend.requests(memory.tenant, after=after, limit=batch)
+        for row in rows:
+            request = ErasureRequest.from_row(row)
+            if scoped and _within_scopes(memory, request) is None:
+                continue
+            out.append(request.beyond_scopes_hidden() if scoped else request)
+            if limit is not None and len(out) == limit:
+                return out
+        if batch is None or len(rows) < batch:
+            return out
+        after = str(rows[-1]["id"])
 
 
 def own_scopes(memory: Memory, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:

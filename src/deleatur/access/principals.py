@@ -19,10 +19,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import ERASED_USER, Space, check_name, check_type
+from ..model import Space, check_name, check_type
 
 if TYPE_CHECKING:
     from ..memory import Memory
+
+#: A scope whose user an account erasure reached: this prefix, then the user's blind
+#: reference in hex, never the name. It still covers that user id, as before.
+ERASED_USER = "erased-user:"
+_MARKER = re.compile(re.escape(ERASED_USER) + "[0-9a-f]{32}")
+
+
+def erased_ref(scope: str) -> bytes | None:
+    """The blind reference an erased user's scope marker holds; None for anything else,
+    such as a user id that merely starts like one (older stores may hold such ids)."""
+    return bytes.fromhex(scope.removeprefix(ERASED_USER)) if _MARKER.fullmatch(scope) else None
+
 
 KEY_PREFIX = "dlt_"
 SECRET_BYTES = 32
@@ -77,7 +89,7 @@ class Principal:
         object.__setattr__(self, "tenant", Space(user_id=self.tenant).user_id)
         object.__setattr__(self, "role", Role(self.role))
         if self.scopes is not None:
-            scopes = frozenset(u if u.startswith(ERASED_USER) else Space(user_id=u).user_id for u in self.scopes)
+            scopes = frozenset(u if erased_ref(u) else Space(user_id=u).user_id for u in self.scopes)
             object.__setattr__(self, "scopes", scopes)
 
     @classmethod
@@ -100,7 +112,7 @@ class Principal:
         scopes = self.scopes
         if scopes is None:
             return True
-        erased = any(s.startswith(ERASED_USER) for s in scopes)
+        erased = any(erased_ref(s) for s in scopes)
         return all(u in scopes or (erased and ERASED_USER + user_ref(u) in scopes) for u in user_ids)
 
     def describe(self) -> dict[str, object]:
@@ -159,12 +171,31 @@ def rescope_erased_user(memory: Memory, user_id: str) -> int:
     """An account erasure's: the principals scoped to the erased user keep that scope only
     by the user's blind reference, so no principal names the user any more, and each
     covers the same user ids as before. Inside the erasure's transaction; returns how many."""
-    marker = ERASED_USER + memory._user_ref(user_id)
+    return _rescope(memory, memory.tenant, {memory._user_ref(user_id)})
+
+
+def rescope_erased_accounts(memory: Memory, erased: list[tuple[str, list[str]]]) -> None:
+    """Once, on opening a store an older release erased accounts in (see schema._v12):
+    what :func:`rescope_erased_user` does today, for the accounts it erased then."""
+    by_tenant: dict[str, set[str]] = {}
+    for tenant, users in erased:
+        by_tenant.setdefault(tenant, set()).update(users)
+    with memory.backend.atomic():
+        for tenant, refs in by_tenant.items():
+            _rescope(memory, tenant, refs)
+        memory.backend.rescoped_erased()
+
+
+def _rescope(memory: Memory, tenant: str, refs: set[str]) -> int:
     changed = 0
-    for row in memory.backend.principals(memory.tenant):
-        scopes = None if row["scopes"] is None else json.loads(row["scopes"])
-        if scopes is not None and user_id in scopes:
-            rescoped = sorted({marker if s == user_id else s for s in scopes})
-            memory.backend.set_principal_scopes(memory.tenant, str(row["id"]), json.dumps(rescoped))
+    for row in memory.backend.principals(tenant):
+        scopes = [] if row["scopes"] is None else json.loads(row["scopes"])
+        kept = {
+            s: ERASED_USER + ref if erased_ref(s) is None and ref in refs else s
+            for s in scopes
+            for ref in [memory.keys.index.ref("user", tenant, s).hex()]
+        }
+        if any(s != k for s, k in kept.items()):
+            memory.backend.set_principal_scopes(tenant, str(row["id"]), json.dumps(sorted(set(kept.values()))))
             changed += 1
     return changed

@@ -24,6 +24,7 @@ from .common import (
     out,
     pin_key,
     print_report,
+    visible,
 )
 
 principals_app = typer.Typer(help="Principals, their roles, scopes and API keys.", no_args_is_help=True)
@@ -120,7 +121,8 @@ def show(
                 emit(data)
                 continue
             rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("index", "type", "time"))
-            out.print(f"{data['index']:>8} {data['time']} {data['type']:<10} {rest}", markup=False, highlight=False)
+            line = f"{data['index']:>8} {data['time']} {data['type']:<10} {rest}"
+            out.print(visible(line), markup=False, highlight=False)
 
 
 @audit_app.command("verify")

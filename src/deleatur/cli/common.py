@@ -109,14 +109,22 @@ LegalClaimOpt = Annotated[
 ]
 
 
-_VISIBLE_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROLS_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """Stored text as the terminal should show it: control characters as their codes
+    (a record from before text refused them may hold an escape sequence, and an actor
+    from before actors were one line a line break), never run; tabs and line breaks
+    kept only where the output has room for them (``lines``)."""
+    return (_CONTROLS_BUT_LINES if lines else _CONTROLS).sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def add_row(table: Table, *values: str) -> None:
     """A table row of plain text: stored text may contain "[...]", which rich would
-    otherwise take for markup and swallow, and a record written before text refused
-    control characters may hold an escape sequence, shown here as its code, not run."""
-    table.add_row(*(Text(_VISIBLE_CONTROLS.sub(lambda m: repr(m.group())[1:-1], v)) for v in values))
+    otherwise take for markup and swallow."""
+    table.add_row(*(Text(visible(v, lines=True)) for v in values))
 
 
 def emit(payload: Any) -> None:

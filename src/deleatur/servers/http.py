@@ -695,11 +695,18 @@ def create_app(
             )
         return result.to_json(system_clock())
 
-    @app.get("/v1/erasures", tags=["erasure"])
-    async def erasures() -> dict[str, Any]:
-        """Every erasure request, with its Art. 12(3) deadline and whether it was met."""
+    @app.get("/v1/erasures", tags=["erasure"], responses=_errors(422))
+    async def erasures(
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
+    ) -> dict[str, Any]:
+        """The erasure requests in the order received, with their Art. 12(3) deadlines and
+        whether they were met, a page at a time: ``next`` is the cursor of the following
+        page, null after the last (a request can name many records)."""
         now = system_clock()
-        return {"requests": [r.to_json(now) for r in await serve(lambda m: m.erasure_requests())]}
+        found = await serve(lambda m: m.erasure_requests(limit=limit + 1, after=after))
+        following = found[limit - 1].id if len(found) > limit else None
+        return {"requests": [r.to_json(now) for r in found[:limit]], "next": following}
 
     @app.get("/v1/erasures/{request_id}", tags=["erasure"], responses=_errors(404, 422))
     async def erasure_status(request_id: str) -> dict[str, Any]:

@@ -159,7 +159,9 @@ class Backend(Protocol):
 
     def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None: ...
 
-    def requests(self, tenant: str) -> list[dict[str, Any]]: ...
+    def requests(self, tenant: str, *, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """A tenant's requests in the order received, from after the request ``after``."""
+        ...
 
     def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None: ...
 
@@ -279,6 +281,15 @@ class Backend(Protocol):
     def scrub_after_commit(self) -> None:
         """Inside a transaction that removes or rewrites data: mark the store until a
         scrub succeeds, so that if the process dies before it, the next open scrubs."""
+        ...
+
+    def erased_accounts(self) -> list[tuple[str, list[str]]] | None:
+        """Before a v12 store's first open with its keys: each account erasure's tenant
+        and the blind references (hex) of the users it reached; else None."""
+        ...
+
+    def rescoped_erased(self) -> None:
+        """Inside ``atomic``: the scopes of ``erased_accounts`` are kept by reference now."""
         ...
 
     def scrub_pending(self) -> bool:

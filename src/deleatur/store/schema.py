@@ -225,6 +225,21 @@ def _v11(conn: apsw.Connection) -> None:
         conn.execute(sql).fetchall()
 
 
+def _v12(conn: apsw.Connection) -> None:
+    """Two things an older release kept that today's keep no longer. Its confirmation
+    tokens' plan digests were plain hashes (of a subject's name, among others): they go
+    (a token lives 15 minutes; one issued before the upgrade is then unknown). API keys
+    scoped to an account it erased named the user: the store is marked, and opening it
+    with the master key keeps those scopes by reference (``Memory``), then unmarks it."""
+    conn.execute("DELETE FROM erasure_confirmations").fetchall()
+    conn.execute(
+        "INSERT INTO meta(k, v) SELECT 'rescope_erased', '1'"
+        " WHERE EXISTS (SELECT 1 FROM principals WHERE scopes IS NOT NULL)"
+        " AND EXISTS (SELECT 1 FROM erasure_requests WHERE kind = 'account' AND users IS NOT NULL)"
+    ).fetchall()
+    conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES ('scrub_pending', '1')").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -238,6 +253,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     9: _v9,
     10: _v10,
     11: _v11,
+    12: _v12,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

@@ -4,6 +4,7 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 from __future__ import annotations
 
 import functools
+import json
 import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -207,6 +208,26 @@ class SQLiteBackend:
         self._conn.executemany(
             "INSERT INTO ft(rowid, body) VALUES (?, ?)", sorted(i for i in inserts if i[0] not in removed)
         )
+
+    def erased_accounts(self) -> list[tuple[str, list[str]]] | None:
+        """Before a v12 store's first open with its keys (see schema._v12): each account
+        erasure's tenant and the blind references of the users it reached, else None."""
+        if self._conn.execute("SELECT 1 FROM meta WHERE k = 'rescope_erased'").fetchone() is None:
+            return None
+        rows = self._conn.execute(
+            "SELECT tenant, scope, users FROM erasure_requests"
+            " WHERE kind = 'account' AND status != 'failed' AND users IS NOT NULL"
+        )
+        # Only an erasure of whole accounts (no agent or run named) ended the user's.
+        return [
+            (str(tenant), str(users).split())
+            for tenant, scope, users in rows
+            if {k: v for k, v in json.loads(scope).items() if v is not None}.keys() == {"user_id"}
+        ]
+
+    def rescoped_erased(self) -> None:
+        self._conn.execute("DELETE FROM meta WHERE k = 'rescope_erased'").fetchall()
+        self.scrub_after_commit()
 
     def index_holds_words(self) -> bool:
         """Whether the full-text index is still in its pre-v10 form (see schema._v10)."""
@@ -536,12 +557,17 @@ class SQLiteBackend:
         ).fetchone()
         return None if row is None else dict(zip(_REQUEST_COLUMNS, row, strict=True))
 
-    def requests(self, tenant: str) -> list[dict[str, Any]]:
-        rows = self._conn.execute(
-            f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE tenant = ? ORDER BY received_at, id",
-            (tenant,),
-        )
-        return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in rows]
+    def requests(self, tenant: str, *, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        sql = f"SELECT {', '.join(_REQUEST_COLUMNS)} FROM erasure_requests WHERE tenant = ?"
+        args: list[Any] = [tenant]
+        if after is not None:
+            # An unknown cursor matches nothing (NULL), so it tells no caller which ids exist.
+            sql += " AND (received_at, id) > (SELECT received_at, id FROM erasure_requests WHERE tenant = ? AND id = ?)"
+            args += [tenant, after]
+        sql += " ORDER BY received_at, id"
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", [*args, limit]
+        return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in self._conn.execute(sql, args)]
 
     def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None:
         self._conn.execute(
