@@ -17,6 +17,7 @@ import pytest
 from deleatur import KeyStoreError, Memory, NewMemory, Space, from_bytes
 from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestStatus
+from deleatur.erasure.verify import verify_certificate
 
 from .conftest import MASTER, store_files
 
@@ -315,3 +316,44 @@ def test_a_missing_signing_key_stops_writes_not_reads(memory: Memory, store_path
     with Memory.open(store_path, from_bytes(MASTER)) as restored:
         restored.checkpoint()
         assert restored.verify_log().ok
+
+
+def test_a_key_rotated_by_another_process_is_the_one_a_running_handle_signs_with(store_path: Path) -> None:
+    """`keys rotate` beside a running server: the server's handles, which read the key
+    when they opened, must sign with the new one, or the log holds checkpoints that the
+    key current at their size did not sign, and fails verification for good."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as made:
+        made.new_signing_key()
+    with Memory.open(store_path, from_bytes(MASTER)) as server, Memory.open(store_path, from_bytes(MASTER)) as cli:
+        server.remember("before the rotation", subject="Ann")
+        server.checkpoint()
+        old = server.public_key()
+        new = cli.rotate_signing_key()
+        assert server.public_key().vkey == new.verifier.vkey != old.vkey
+        server.remember("Ann's note", subject="Ann")
+        server.erase("Ann", request_id="R1", basis=BASIS, requester="dpo")  # signs its checkpoint
+        report = server.verify_log()
+        assert report.ok, report
+        certificate = server.certificate("R1")
+        assert verify_certificate(certificate, expected_key=new.verifier).ok
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_503_not_an_internal_error(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur import StoreBusyError, sqlitefile
+    from deleatur.servers.errors import error_info
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    holder = apsw.Connection(str(store_path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()  # a long maintenance job elsewhere
+    try:
+        with pytest.raises(StoreBusyError, match="nothing was changed") as busy:
+            memory.remember("waits", subject="a")
+    finally:
+        holder.execute("ROLLBACK").fetchall()
+        holder.close()
+    info = error_info(busy.value)
+    assert (info.status, info.code, busy.value.exit_code) == (503, "store_busy", 1)
+    assert [r.text for r in memory.list()] == []
+    assert memory.remember("then goes through", subject="a").text == "then goes through"

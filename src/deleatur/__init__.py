@@ -23,6 +23,7 @@ from .errors import (
     NotADeleaturStoreError,
     NotFoundError,
     SchemaVersionError,
+    StoreBusyError,
     StoreError,
 )
 from .log.checkpoint import Checkpoint
@@ -90,6 +91,7 @@ __all__ = [
     "Space",
     "SpaceFilter",
     "Status",
+    "StoreBusyError",
     "StoreError",
     "StoreInfo",
     "TlogProof",

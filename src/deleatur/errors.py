@@ -12,7 +12,9 @@ the shells map ``exit_code`` to the process exit status::
     │   └── rights.restriction.RestrictedSubjectError processing restricted (Art. 18)
     ├── StoreError                       exit 2: the store cannot be used as given
     │   ├── NotADeleaturStoreError       the file is not a deleatur store
-    │   └── SchemaVersionError           the store was written by a newer deleatur
+    │   ├── SchemaVersionError           the store was written by a newer deleatur
+    │   └── StoreBusyError               exit 1: another process held the write lock
+    │                                    past the busy timeout (HTTP 503; try again)
     ├── KeyStoreError                    the keys protecting the store
     │   ├── MasterKeyError               exit 2: master key missing or wrong
     │   ├── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
@@ -86,6 +88,13 @@ class SchemaVersionError(StoreError):
     """The store's schema is newer than this version of deleatur understands."""
 
 
+class StoreBusyError(StoreError):
+    """Another connection held the write lock for longer than the busy timeout, and
+    nothing was changed: a moment's condition, not the caller's input."""
+
+    exit_code = 1
+
+
 class KeyStoreError(DeleaturError):
     """Something is wrong with the keys that protect the store."""
 
@@ -100,7 +109,7 @@ class DataKeyDestroyedError(KeyStoreError):
     """The subject's data key no longer exists, so its records cannot be read."""
 
 
-class KeyStoreBusyError(KeyStoreError):
+class KeyStoreBusyError(KeyStoreError, StoreBusyError):
     """Another process held the key store's write lock for longer than the busy timeout."""
 
 

@@ -7,6 +7,7 @@ its own.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
 import hashlib
 import json
@@ -472,10 +473,12 @@ class Memory:
         waiting = read_signer(pending)
         if waiting is not None:
             announced = {key_id for key_id, *_ in self.backend.signing_keys()}
-            if waiting.key_id.hex() in announced:
-                os.replace(pending, self.signing_key_path)
-            else:
-                pending.unlink()
+            # Another process (the rotating one) may move or remove it at the same time.
+            with contextlib.suppress(FileNotFoundError):
+                if waiting.key_id.hex() in announced:
+                    os.replace(pending, self.signing_key_path)
+                else:
+                    pending.unlink()
         signer = read_signer(self.signing_key_path)
         if signer is not None:
             keys = self.backend.signing_keys()
@@ -517,9 +520,8 @@ class Memory:
             if events:
                 self.log.append(events)
                 now = self._clock()
-                if self.log.signer is not None and (
-                    sign or now - self._shared.signed_at >= self.checkpoint_interval_us
-                ):
+                due = sign or now - self._shared.signed_at >= self.checkpoint_interval_us
+                if self.log.signer is not None and due and self._current_signer() is not None:
                     self.log.sign_appended()
                     self._shared.signed_at = now
                     signed = True
@@ -575,15 +577,28 @@ class Memory:
             self.log.signer = old
             pending.unlink(missing_ok=True)
             raise
-        os.replace(pending, self.signing_key_path)
+        with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
+            os.replace(pending, self.signing_key_path)
         return new
+
+    def _current_signer(self) -> Signer | None:
+        """The signing key, read again if another process (`keys rotate` beside a running
+        server) rotated it since this handle read it: signing with the retired key would
+        leave checkpoints that no key current at their size signed."""
+        signer = self.log.signer
+        if signer is not None:
+            keys = self.backend.signing_keys()
+            if keys and keys[-1][0] != signer.key_id.hex():
+                self.log.signer = signer = self._load_signer()
+        return signer
 
     @guarded("log.public_key", (V, R, W), audit=False)
     def public_key(self) -> Verifier:
         """The log's current verifier key, to hand to verifiers out of band."""
-        if self.log.signer is None:
+        signer = self._current_signer()
+        if signer is None:
             raise LogError("this store has no signing key; run `deleatur keys new`")
-        return self.log.signer.verifier
+        return signer.verifier
 
     @guarded("log.keys", (V, R, W), audit=False)
     def signing_keys(self) -> builtins.list[dict[str, Any]]:

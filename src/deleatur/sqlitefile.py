@@ -16,7 +16,7 @@ from pathlib import Path
 
 import apsw
 
-from .errors import NotADeleaturStoreError, StoreError
+from .errors import NotADeleaturStoreError, StoreBusyError, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 # Pages the -wal may hold before a commit copies them into the database (SQLite's
@@ -124,7 +124,13 @@ def connect(
 def immediate(conn: apsw.Connection) -> Iterator[None]:
     """A write transaction that takes the lock up front, so concurrent writers queue
     on the busy timeout instead of failing with SQLITE_BUSY on lock upgrade."""
-    conn.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        conn.execute("BEGIN IMMEDIATE").fetchall()
+    except apsw.BusyError:
+        raise StoreBusyError(
+            f"another process held the write lock of {conn.filename} for over {BUSY_TIMEOUT_MS / 1000:g} s;"
+            " nothing was changed: try again"
+        ) from None
     try:
         yield
     except BaseException:

@@ -26,7 +26,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..clock import Clock, Random
-from ..errors import DataKeyDestroyedError, KeyStoreBusyError, MasterKeyError, NotADeleaturStoreError
+from ..errors import (
+    DataKeyDestroyedError,
+    KeyStoreBusyError,
+    MasterKeyError,
+    NotADeleaturStoreError,
+    StoreBusyError,
+)
 from ..sqlitefile import connect, immediate, is_ours, scrub
 from .master import MasterKeySource
 
@@ -319,7 +325,7 @@ class KeyStore:
                     is not None
                     for key_id in ids
                 )
-        except apsw.BusyError:
+        except StoreBusyError:
             raise KeyStoreBusyError("the key store is locked by another process; no key was destroyed") from None
         for key_id in ids:
             self._by_id.pop(key_id, None)

@@ -20,6 +20,7 @@ from ..errors import (
     KeyStoreError,
     MasterKeyError,
     NotFoundError,
+    StoreBusyError,
     StoreError,
 )
 from ..log.entries import EntryError
@@ -64,6 +65,7 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     MasterKeyError: (503, "master_key_error"),
     KeyStoreError: (500, "key_store_error"),
     KeyStoreBusyError: (503, "key_store_busy"),
+    StoreBusyError: (503, "store_busy"),
     StoreError: (503, "store_unavailable"),
     ServerBusyError: (503, "busy"),
     IntegrityError: (500, "integrity_error"),
