@@ -549,6 +549,9 @@ def test_a_scoped_key_follows_the_erasures_in_its_scopes(memory: Memory) -> None
             view.erasure_request(other)
         assert denied.value.missing == "scope"
         assert "E-" not in denied.value.message
+    # Nor do the pages tell: a cursor beyond the key's scopes reads as one naming nothing.
+    assert view.erasure_requests(after="E-U2") == view.erasure_requests(after="E-NONE") == []
+    assert [r.id for r in memory.erasure_requests(after="E-0")][:1] != []  # the cursor works unscoped
 
 
 def test_an_account_erasure_leaves_no_principal_naming_the_user(memory: Memory, store_path: Path) -> None:
@@ -592,6 +595,10 @@ def test_a_scope_cannot_be_made_to_look_like_an_erased_user(memory: Memory) -> N
     with pytest.raises(InvalidInputError, match="marker"):
         memory.create_principal("sneaky", Role.MEMBER, scopes=["erased-user:" + "0" * 32])
     assert [p.name for p in memory.principals() if p.name == "sneaky"] == []
+    marker = "erased-user:" + memory._user_ref("alice")
+    for make in (lambda: Space(marker), lambda: SpaceFilter(marker)):
+        with pytest.raises(InvalidInputError, match="marker"):
+            make()
     legacy = Space("erased-user:legacy")
     principal, _ = memory.create_principal("legacy app", Role.MEMBER, scopes=[legacy.user_id])
     view = memory.as_principal(principal)
@@ -610,10 +617,10 @@ def test_a_principal_named_before_names_were_one_line_still_acts_through_the_ser
 
     principal, api_key = memory.create_principal("ops", Role.ADMIN)
     apsw.Connection(str(memory.backend.files()[0])).execute(
-        "UPDATE principals SET name = ? WHERE id = ?", ("ops\nteam", principal.id)
+        "UPDATE principals SET name = ? WHERE id = ?", ("ops\n\x1bteam", principal.id)
     )
     view = memory.as_principal(memory.authenticate(api_key))
-    assert view.principal.name == "ops\nteam" and view.principal.who == "ops team"
+    assert view.principal.name == "ops\n\x1bteam" and view.principal.who == "ops team"
     memory.remember("Alice's note", subject="Alice")
     view.restrict("Alice", reason="contested", actor=on_behalf(view, None, "actor"))
     assert [r.actor for r in memory.restrictions()] == ["ops team"]

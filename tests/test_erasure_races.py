@@ -331,11 +331,34 @@ def test_a_key_rotated_by_another_process_is_the_one_a_running_handle_signs_with
         new = cli.rotate_signing_key()
         assert server.public_key().vkey == new.verifier.vkey != old.vkey
         server.remember("Ann's note", subject="Ann")
+        server.checkpoint()  # a checkpoint asked for, as a receipt or `close` asks for one
         server.erase("Ann", request_id="R1", basis=BASIS, requester="dpo")  # signs its checkpoint
         report = server.verify_log()
         assert report.ok, report
         certificate = server.certificate("R1")
         assert verify_certificate(certificate, expected_key=new.verifier).ok
+        assert certificate["certificate"]["public_key"] == new.verifier.vkey
+        newer = server.rotate_signing_key()  # endorsed by the key current now, not the one it opened with
+        cli.remember("after the second rotation", subject="Bo")  # the CLI's handle takes it up too
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        report = memory.verify_log()
+        assert report.ok, report
+        assert memory.public_key().vkey == newer.verifier.vkey
+
+
+def test_a_rotation_waiting_for_the_lock_keeps_its_new_key_when_another_process_opens(store_path: Path) -> None:
+    """Until the rotation commits, its new key is an unannounced pending file: another
+    process opening the store must leave it, or the rotation logs a key nobody holds."""
+    from deleatur.crypto.signing import pending_path, write_signer
+    from deleatur.log.note import Signer
+
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        pending = pending_path(memory.signing_key_path)
+        write_signer(pending, Signer.generate(memory.log.origin), replace=True)  # written, lock not yet taken
+    with Memory.open(store_path, from_bytes(MASTER)) as other:
+        other.remember("meanwhile", subject="a")
+    assert pending.exists()
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_503_not_an_internal_error(
@@ -357,3 +380,15 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_503_not_an_internal_
     assert (info.status, info.code, busy.value.exit_code) == (503, "store_busy", 1)
     assert [r.text for r in memory.list()] == []
     assert memory.remember("then goes through", subject="a").text == "then goes through"
+    # A retry of a complete erasure that meets a busy store leaves the request as it was.
+    memory.erase("a", request_id="R1", basis=BASIS, requester="dpo")
+    holder = apsw.Connection(str(store_path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        with pytest.raises(StoreBusyError):
+            memory.erase("a", request_id="R1", basis=BASIS, requester="dpo")
+    finally:
+        holder.execute("ROLLBACK").fetchall()
+        holder.close()
+    done = memory.erasure_request("R1")
+    assert done.status is RequestStatus.COMPLETE and done.counts["records"] == 1

@@ -35,7 +35,6 @@ from .access.principals import (
     Capability,
     Principal,
     Role,
-    erased_ref,
     rescope_erased_accounts,
 )
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
@@ -92,6 +91,7 @@ from .model import (
     check_tenant,
     check_type,
     check_who,
+    erased_ref,
     validate_text,
 )
 from .rights.export import TextSink, export_csv, export_json
@@ -145,6 +145,8 @@ class _Shared:
     keys_announced: bool
     #: This process appended entries that no checkpoint covers yet.
     unsigned: bool = False
+    #: The store's data_version when this handle last checked which key signs the log.
+    signer_checked: int = -1
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -360,7 +362,7 @@ class Memory:
         does nothing, and the handle that opened the store closes it."""
         if not self._owner:
             return
-        if self.log.signer is not None:
+        if self._current_signer() is not None:
             self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
         self.backend.close()
@@ -468,17 +470,14 @@ class Memory:
 
     def _load_signer(self) -> Signer | None:
         """The current signing key, finishing a rotation that committed but did not
-        get to move its key file into place."""
+        get to move its key file into place. A pending key not yet announced is left
+        alone: its rotation may be waiting for the lock (one that crashed leaves a file
+        the next rotation overwrites)."""
         pending = pending_path(self.signing_key_path)
         waiting = read_signer(pending)
-        if waiting is not None:
-            announced = {key_id for key_id, *_ in self.backend.signing_keys()}
-            # Another process (the rotating one) may move or remove it at the same time.
-            with contextlib.suppress(FileNotFoundError):
-                if waiting.key_id.hex() in announced:
-                    os.replace(pending, self.signing_key_path)
-                else:
-                    pending.unlink()
+        if waiting is not None and waiting.key_id.hex() in {key_id for key_id, *_ in self.backend.signing_keys()}:
+            with contextlib.suppress(FileNotFoundError):  # the rotating process moved it meanwhile
+                os.replace(pending, self.signing_key_path)
         signer = read_signer(self.signing_key_path)
         if signer is not None:
             keys = self.backend.signing_keys()
@@ -579,18 +578,31 @@ class Memory:
             raise
         with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
             os.replace(pending, self.signing_key_path)
+        placed = read_signer(self.signing_key_path)
+        if placed is None or placed.key_id != new.key_id:
+            raise KeyStoreError(f"the new signing key did not reach {self.signing_key_path}; the rotation is logged")
         return new
 
     def _current_signer(self) -> Signer | None:
         """The signing key, read again if another process (`keys rotate` beside a running
         server) rotated it since this handle read it: signing with the retired key would
-        leave checkpoints that no key current at their size signed."""
+        leave checkpoints that no key current at their size signed. Asked as each call
+        begins and before any signing; the key list is read only when another connection
+        has committed since the last check."""
         signer = self.log.signer
-        if signer is not None:
+        version = self.backend.data_version()
+        if signer is not None and version != self._shared.signer_checked:
             keys = self.backend.signing_keys()
             if keys and keys[-1][0] != signer.key_id.hex():
                 self.log.signer = signer = self._load_signer()
+            self._shared.signer_checked = version
         return signer
+
+    def _refresh(self) -> None:
+        """As each call begins: take up what another connection changed that this handle
+        keeps in memory (a destroyed data key, a rotated signing key)."""
+        self.keys.refresh()
+        self._current_signer()
 
     @guarded("log.public_key", (V, R, W), audit=False)
     def public_key(self) -> Verifier:

@@ -139,6 +139,25 @@ def canonical_key(original: str) -> str:
     return canonical
 
 
+#: A scope whose user an account erasure reached: this prefix, then the user's blind
+#: reference in hex, never the name (see access.principals). It still covers that user id.
+ERASED_USER = "erased-user:"
+_MARKER = re.compile(re.escape(ERASED_USER) + "[0-9a-f]{32}")
+
+
+def erased_ref(scope: str) -> bytes | None:
+    """The blind reference an erased user's scope marker holds; None for anything else,
+    such as a user id that merely starts like one (older stores may hold such ids)."""
+    return bytes.fromhex(scope.removeprefix(ERASED_USER)) if _MARKER.fullmatch(scope) else None
+
+
+def _check_user_id(value: str) -> None:
+    check_name(value, "user_id", allow_empty=False)
+    if erased_ref(value) is not None:
+        # Such a space would be covered by the erased user's old keys, audited as theirs.
+        raise InvalidInputError("user_id may not be an erased user's marker (erased-user: and a reference)")
+
+
 @dataclass(frozen=True, slots=True)
 class Space:
     """Where a memory lives inside a tenant. Matching is exact on all three parts."""
@@ -148,7 +167,7 @@ class Space:
     run_id: str = ""
 
     def __post_init__(self) -> None:
-        check_name(self.user_id, "user_id", allow_empty=False)
+        _check_user_id(self.user_id)
         check_name(self.agent_id, "agent_id", allow_empty=True)
         check_name(self.run_id, "run_id", allow_empty=True)
 
@@ -441,7 +460,7 @@ class SpaceFilter:
 
     def __post_init__(self) -> None:
         if self.user_id is not None:
-            check_name(self.user_id, "user_id", allow_empty=False)
+            _check_user_id(self.user_id)
         for name in ("agent_id", "run_id"):
             value = getattr(self, name)
             if value is not None:

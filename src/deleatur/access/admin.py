@@ -7,14 +7,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
-from ..model import check_items, check_tenant, check_type
+from ..model import check_items, check_tenant, check_type, erased_ref
 from .calls import deny, refused_key
 from .principals import (
     Principal,
     Role,
     check_principal_name,
     digest_matches,
-    erased_ref,
     new_api_key,
     parse_role,
     split_api_key,

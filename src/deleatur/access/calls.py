@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..erasure.engine import get_request, settle
 from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, reached_users
-from ..errors import AccessDeniedError, DeleaturError, InvalidInputError
+from ..errors import AccessDeniedError, DeleaturError, InvalidInputError, StoreBusyError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject
+from ..model import canonical_subject, erased_ref
 from .guard import Call
-from .principals import Capability, Principal, erased_ref
+from .principals import Capability, Principal
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -41,7 +41,7 @@ def enter(
     users: Iterable[str] | None,
     request: Any,
 ) -> Call:
-    memory.keys.refresh()
+    memory._refresh()
     # A caller's request id names the call only if it is a well-formed one.
     call = Call(action, request if is_request_id(request) else memory._ids.new(), None)
     principal = memory.principal
@@ -128,6 +128,12 @@ def readable_requests(memory: Memory, *, limit: int | None, after: str | None) -
     ``limit`` of them, in the order received, from after the request ``after``."""
     scoped = memory.principal.scopes is not None
     out: list[ErasureRequest] = []
+    if scoped and after is not None:
+        # A cursor outside the key's scopes reads as one that names no request: the
+        # pages must not tell which other users' request ids exist.
+        row = memory.backend.get_request(memory.tenant, after)
+        if row is None or _within_scopes(memory, ErasureRequest.from_row(row)) is None:
+            return out
     while True:
         # A scoped key's page is filtered: read on until it is full or the requests end.
         batch = None if limit is None else max(limit - len(out), 100) if scoped else limit - len(out)
@@ -164,6 +170,8 @@ def leave(memory: Memory, call: Call, error: BaseException | None) -> None:
     if error is not None:
         if not call.audit and not isinstance(error, AccessDeniedError):
             return
+        if isinstance(error, StoreBusyError):
+            return  # nothing was done, and its entry would wait out the lock a second time
         call.outcome = "denied" if isinstance(error, AccessDeniedError) else "failed"
         call.error = error.missing if isinstance(error, AccessDeniedError) else type(error).__name__
         if isinstance(error, DeleaturError) and error.request_id is None:

@@ -14,27 +14,16 @@ import hashlib
 import hmac
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import Space, check_name, check_type
+from ..model import ERASED_USER, Space, check_name, check_type, erased_ref
 
 if TYPE_CHECKING:
     from ..memory import Memory
-
-#: A scope whose user an account erasure reached: this prefix, then the user's blind
-#: reference in hex, never the name. It still covers that user id, as before.
-ERASED_USER = "erased-user:"
-_MARKER = re.compile(re.escape(ERASED_USER) + "[0-9a-f]{32}")
-
-
-def erased_ref(scope: str) -> bytes | None:
-    """The blind reference an erased user's scope marker holds; None for anything else,
-    such as a user id that merely starts like one (older stores may hold such ids)."""
-    return bytes.fromhex(scope.removeprefix(ERASED_USER)) if _MARKER.fullmatch(scope) else None
-
 
 KEY_PREFIX = "dlt_"
 SECRET_BYTES = 32
@@ -100,7 +89,8 @@ class Principal:
     def who(self) -> str:
         """The name as one line, as actors and requesters are kept: a principal named
         before names had to be one line may hold a line break, and must still act."""
-        return " ".join(self.name.split()) or self.id
+        shown = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in self.name)
+        return " ".join(shown.split()) or self.id
 
     @property
     def capabilities(self) -> frozenset[Capability]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..access.principals import Role, rescope_erased_user
 from ..decisions.snapshots import pseudonymize_spaces
 from ..decisions.snapshots import redact as redact_decisions
-from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError
+from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError, StoreBusyError
 from ..log.entries import Entry, EventType
 from ..model import (
     SpaceFilter,
@@ -347,7 +347,9 @@ def erase(
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
         return _as_shown(memory, ErasureResult(settle(memory, repeated), None, repeated=True))
-    except (RequestIdReusedError, ConfirmationRequiredError):
+    except (RequestIdReusedError, ConfirmationRequiredError, StoreBusyError):
+        # Busy: nothing was read under the lock, so the request row (perhaps a complete
+        # erasure retried) must not be replaced by a failure, nor wait for the lock again.
         raise
     except DeleaturError as exc:
         with memory.backend.atomic():
