@@ -255,16 +255,23 @@ class Memory:
         except BaseException:
             backend.close()
             raise
-        return cls(
-            backend,
-            keys,
-            tenant=tenant,
-            master_description=master.description,
-            clock=clock,
-            random=random,
-            max_text_bytes=max_text_bytes,
-            checkpoint_interval_us=checkpoint_interval_us,
-        )
+        try:
+            # Opening also finishes what a crash or an older release left (pending erasures,
+            # an unannounced key, a migration, a scrub), any of which may fail: close then.
+            return cls(
+                backend,
+                keys,
+                tenant=tenant,
+                master_description=master.description,
+                clock=clock,
+                random=random,
+                max_text_bytes=max_text_bytes,
+                checkpoint_interval_us=checkpoint_interval_us,
+            )
+        except BaseException:
+            keys.close()
+            backend.close()
+            raise
 
     @classmethod
     def init(
