@@ -226,12 +226,17 @@ def _v11(conn: apsw.Connection) -> None:
 
 
 def _v12(conn: apsw.Connection) -> None:
-    """Two things an older release kept that today's keep no longer. Its confirmation
+    """An index for listing requests in pages; and two things an older release kept that
+    today's keep no longer. Its confirmation
     tokens' plan digests were plain hashes (of a subject's name, among others): they go
     (a token lives 15 minutes; one issued before the upgrade is then unknown). API keys
     scoped to an account it erased named the user: the store is marked, and opening it
     with the master key keeps those scopes by reference (``Memory``), then unmarks it."""
     conn.execute("DELETE FROM erasure_confirmations").fetchall()
+    # The requests are listed a page at a time, in the order received.
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS erasure_requests_received ON erasure_requests(tenant, received_at, id)"
+    ).fetchall()
     conn.execute(
         "INSERT INTO meta(k, v) SELECT 'rescope_erased', '1'"
         " WHERE EXISTS (SELECT 1 FROM principals WHERE scopes IS NOT NULL)"
