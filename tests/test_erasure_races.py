@@ -392,3 +392,22 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_503_not_an_internal_
         holder.close()
     done = memory.erasure_request("R1")
     assert done.status is RequestStatus.COMPLETE and done.counts["records"] == 1
+
+
+def test_a_key_store_held_past_the_busy_timeout_is_named_as_such(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur import KeyStoreBusyError, sqlitefile
+    from deleatur.servers.errors import error_info
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    holder = apsw.Connection(str(memory.keys.path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        with pytest.raises(KeyStoreBusyError, match="no key was made") as busy:
+            memory.remember("about someone new", subject="Newcomer")
+    finally:
+        holder.execute("ROLLBACK").fetchall()
+        holder.close()
+    assert (error_info(busy.value).status, error_info(busy.value).code) == (503, "key_store_busy")
+    assert list(memory.list()) == []

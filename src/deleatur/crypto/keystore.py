@@ -15,7 +15,8 @@ import base64
 import hmac
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from hashlib import sha256
 from pathlib import Path
 
@@ -186,6 +187,16 @@ class KeyStore:
         if len(self._by_id) > _CACHE_SIZE:
             self._by_id.popitem(last=False)
 
+    @contextmanager
+    def _locked(self, unchanged: str) -> Iterator[None]:
+        """A write transaction on the key store; a lock held elsewhere past the busy timeout
+        is the key store's to name (HTTP 503 key_store_busy), not the database's."""
+        try:
+            with immediate(self._conn):
+                yield
+        except StoreBusyError:
+            raise KeyStoreBusyError(f"the key store is locked by another process; {unchanged}") from None
+
     def key_for_subject(self, tenant: str, subject_ref: bytes) -> tuple[bytes, AESGCM]:
         """The subject's data key, created if it has none yet.
 
@@ -197,7 +208,7 @@ class KeyStore:
             "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
         ).fetchone()
         if row is None:
-            with immediate(self._conn):
+            with self._locked("no key was made"):
                 # Re-read under the write lock: a concurrent process may have just made it.
                 row = self._conn.execute(
                     "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?",
@@ -318,15 +329,12 @@ class KeyStore:
         ids = list(key_ids)
         if not ids:
             return 0
-        try:
-            with immediate(self._conn):
-                gone = sum(
-                    self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()
-                    is not None
-                    for key_id in ids
-                )
-        except StoreBusyError:
-            raise KeyStoreBusyError("the key store is locked by another process; no key was destroyed") from None
+        with self._locked("no key was destroyed"):
+            gone = sum(
+                self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()
+                is not None
+                for key_id in ids
+            )
         for key_id in ids:
             self._by_id.pop(key_id, None)
         self.scrub()  # an erasure's settle() checks again, and says if a reader prevented it
