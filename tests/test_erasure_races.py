@@ -8,13 +8,15 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import apsw
 import pytest
 
-from deleatur import KeyStoreError, Memory, NewMemory, Space, from_bytes
+from deleatur import KeyStoreError, Memory, Space, from_bytes
 from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.erasure.verify import verify_certificate
@@ -22,6 +24,18 @@ from deleatur.erasure.verify import verify_certificate
 from .conftest import MASTER, store_files
 
 BASIS = "Art. 17(1)(a)"
+
+
+@contextmanager
+def _write_locked(path: Path) -> Iterator[None]:
+    """Another connection holding the write lock of the SQLite file at ``path``."""
+    holder = apsw.Connection(str(path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK").fetchall()
+        holder.close()
 
 
 def _erase_worker(store: str, barrier: Barrier, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -263,8 +277,8 @@ def test_a_writer_never_takes_a_newer_key_that_an_erasure_is_yet_to_destroy(
     other = Memory.open(store_path, from_bytes(MASTER))
     real_settle = engine.settle
 
-    def meanwhile(batch: list[NewMemory]) -> object:
-        keys = Memory._data_keys(writer, batch)  # the writer has read K1, and holds no lock
+    def meanwhile(subject_refs: dict[str, bytes]) -> object:
+        keys = Memory._data_keys(writer, subject_refs)  # the writer has read K1, and holds no lock
         other.erase("Alice", request_id="R1", basis=BASIS, requester="dpo")
         other.remember("Alice's second note", subject="Alice")  # K2
         monkeypatch.setattr(engine, "settle", lambda memory, request: request)  # R2 stops before its keys
@@ -368,28 +382,16 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_503_not_an_internal_
     from deleatur.servers.errors import error_info
 
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
-    holder = apsw.Connection(str(store_path))
-    holder.execute("BEGIN IMMEDIATE").fetchall()  # a long maintenance job elsewhere
-    try:
-        with pytest.raises(StoreBusyError, match="nothing was changed") as busy:
-            memory.remember("waits", subject="a")
-    finally:
-        holder.execute("ROLLBACK").fetchall()
-        holder.close()
+    with _write_locked(store_path), pytest.raises(StoreBusyError, match="nothing was changed") as busy:
+        memory.remember("waits", subject="a")  # a long maintenance job holds the lock elsewhere
     info = error_info(busy.value)
     assert (info.status, info.code, busy.value.exit_code) == (503, "store_busy", 1)
     assert [r.text for r in memory.list()] == []
     assert memory.remember("then goes through", subject="a").text == "then goes through"
     # A retry of a complete erasure that meets a busy store leaves the request as it was.
     memory.erase("a", request_id="R1", basis=BASIS, requester="dpo")
-    holder = apsw.Connection(str(store_path))
-    holder.execute("BEGIN IMMEDIATE").fetchall()
-    try:
-        with pytest.raises(StoreBusyError):
-            memory.erase("a", request_id="R1", basis=BASIS, requester="dpo")
-    finally:
-        holder.execute("ROLLBACK").fetchall()
-        holder.close()
+    with _write_locked(store_path), pytest.raises(StoreBusyError):
+        memory.erase("a", request_id="R1", basis=BASIS, requester="dpo")
     done = memory.erasure_request("R1")
     assert done.status is RequestStatus.COMPLETE and done.counts["records"] == 1
 
@@ -401,13 +403,7 @@ def test_a_key_store_held_past_the_busy_timeout_is_named_as_such(
     from deleatur.servers.errors import error_info
 
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
-    holder = apsw.Connection(str(memory.keys.path))
-    holder.execute("BEGIN IMMEDIATE").fetchall()
-    try:
-        with pytest.raises(KeyStoreBusyError, match="no key was made") as busy:
-            memory.remember("about someone new", subject="Newcomer")
-    finally:
-        holder.execute("ROLLBACK").fetchall()
-        holder.close()
+    with _write_locked(memory.keys.path), pytest.raises(KeyStoreBusyError, match="no key was made") as busy:
+        memory.remember("about someone new", subject="Newcomer")
     assert (error_info(busy.value).status, error_info(busy.value).code) == (503, "key_store_busy")
     assert list(memory.list()) == []

@@ -242,6 +242,7 @@ class Memory:
         check_type(full_sync, bool, "full_sync")
         check_type(create, bool, "create")
         backend = SQLiteBackend.open(store_path, create=create, clock=clock, full_sync=full_sync)
+        keys = None
         try:
             keys = KeyStore.open(
                 keystore_path(store_path),
@@ -252,10 +253,6 @@ class Memory:
                 clock=clock,
                 full_sync=full_sync,
             )
-        except BaseException:
-            backend.close()
-            raise
-        try:
             # Opening also finishes what a crash or an older release left (pending erasures,
             # an unannounced key, a migration, a scrub), any of which may fail: close then.
             return cls(
@@ -269,7 +266,8 @@ class Memory:
                 checkpoint_interval_us=checkpoint_interval_us,
             )
         except BaseException:
-            keys.close()
+            if keys is not None:
+                keys.close()
             backend.close()
             raise
 
@@ -597,8 +595,10 @@ class Memory:
         begins and before any signing; the key list is read only when another connection
         has committed since the last check."""
         signer = self.log.signer
+        if signer is None:
+            return None
         version = self.backend.data_version()
-        if signer is not None and version != self._shared.signer_checked:
+        if version != self._shared.signer_checked:
             keys = self.backend.signing_keys()
             if keys and keys[-1][0] != signer.key_id.hex():
                 self.log.signer = signer = self._load_signer()
@@ -928,16 +928,17 @@ class Memory:
                 raise InvalidInputError(f"expires_at {isoformat(item.expires_at)} is in the past")
         if not batch:
             return []
+        refs = self._subject_refs(batch)
         # Refuse bad lineage and restricted subjects before any data key is made, so a
         # refused write leaves no trace in the key store either; checked again under the lock.
-        self._check_writable(batch, self._lineage_sources(batch), for_legal_claim)
+        self._check_writable(refs.values(), self._lineage_sources(batch), for_legal_claim)
         seen = self.backend.data_version()
-        keys = self._data_keys(batch)
+        keys = self._data_keys(refs)
         # A batch makes its index writes at its end (see deferred_index); one write gains
         # nothing from that and would pay for the bookkeeping.
         deferred: AbstractContextManager[None] = self.backend.deferred_index() if len(batch) > 1 else nullcontext()
         with self._logged() as events, deferred:
-            self._check_writable(batch, self._lineage_sources(batch), for_legal_claim)
+            self._check_writable(refs.values(), self._lineage_sources(batch), for_legal_claim)
             self._ids.after(self.backend.newest_id())  # ids follow commit order (see IdGenerator.after)
             keys = self._live_keys(keys, seen)
             retention = retention_for(self, space)
@@ -951,22 +952,25 @@ class Memory:
             self.backend.insert_many(pending)
             return records
 
-    def _check_writable(self, batch: list[NewMemory], sources: builtins.list[StoredRow], for_legal_claim: bool) -> None:
+    def _check_writable(
+        self, subject_refs: Iterable[bytes], sources: builtins.list[StoredRow], for_legal_claim: bool
+    ) -> None:
         """Art. 18: refuse a write about a restricted subject, or deriving from one's record
         (that is processing it too), unless it serves a legal claim."""
-        refs = {self._subject_ref(canonical) for canonical in {canonical_subject(item.subject) for item in batch}}
-        check_writable(self, sorted(refs | {row.subject_ref for row in sources}), for_legal_claim=for_legal_claim)
+        refs = {*subject_refs, *(row.subject_ref for row in sources)}
+        check_writable(self, sorted(refs), for_legal_claim=for_legal_claim)
 
-    def _data_keys(self, batch: list[NewMemory]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
-        """Each subject's (subject_ref, key_id, key), made before the write transaction:
-        a data key whose records never commit is harmless, a record without its key is not."""
-        keys: dict[str, tuple[bytes, bytes, AESGCM]] = {}
-        for item in batch:
-            canonical = canonical_subject(item.subject)
-            if canonical not in keys:
-                ref = self._subject_ref(canonical)
-                keys[canonical] = (ref, *self.keys.key_for_subject(self.tenant, ref))
-        return keys
+    def _subject_refs(self, batch: builtins.list[NewMemory]) -> dict[str, bytes]:
+        """The blind reference of each subject of ``batch``, by canonical subject."""
+        return {c: self._subject_ref(c) for c in dict.fromkeys(canonical_subject(i.subject) for i in batch)}
+
+    def _data_keys(self, subject_refs: Mapping[str, bytes]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
+        """Each subject's (subject_ref, key_id, key), by canonical subject, made before the
+        write transaction: a data key whose records never commit is harmless, a record
+        without its key is not."""
+        return {
+            canonical: (ref, *self.keys.key_for_subject(self.tenant, ref)) for canonical, ref in subject_refs.items()
+        }
 
     def _live_keys(
         self, keys: dict[str, tuple[bytes, bytes, AESGCM]], seen: int | None = None
@@ -1193,7 +1197,7 @@ class Memory:
             record = self._write(
                 item,
                 space,
-                self._live_keys(self._data_keys([item])),
+                self._live_keys(self._data_keys(self._subject_refs([item]))),
                 events,
                 retention=retention_for(self, space),
                 reason=reason.strip(),

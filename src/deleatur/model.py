@@ -28,6 +28,11 @@ class Status(enum.StrEnum):
     SUPERSEDED = "SUPERSEDED"
 
 
+def _has_controls(value: str, *, but: str = "") -> bool:
+    """Whether ``value`` holds a control character other than those in ``but``."""
+    return any(unicodedata.category(ch) == "Cc" and ch not in but for ch in value)
+
+
 def _check_utf8(value: str, what: str) -> None:
     try:
         value.encode("utf-8")
@@ -50,7 +55,7 @@ def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str
     _check_utf8(value, what)
     if len(value.encode("utf-8")) > max_bytes:
         raise InvalidInputError(f"{what} is over the {max_bytes}-byte limit")
-    if any(unicodedata.category(ch) == "Cc" and ch not in "\t\n\r" for ch in value):
+    if _has_controls(value, but="\t\n\r"):
         raise InvalidInputError(f"{what} contains control characters")
     return value
 
@@ -70,7 +75,7 @@ def check_who(value: object, what: str, *, missing: str) -> str:
     _check_utf8(value, what)
     if len(value) > MAX_WHO_CHARS:
         raise InvalidInputError(f"{what} is longer than {MAX_WHO_CHARS} characters")
-    if any(unicodedata.category(ch) == "Cc" and ch != "\t" for ch in value):
+    if _has_controls(value, but="\t"):
         raise InvalidInputError(f"{what} contains control characters (it is one line of text)")
     return value
 
@@ -98,7 +103,7 @@ def check_name(value: str, what: str, *, allow_empty: bool) -> str:
         raise InvalidInputError(f"{what} must not be empty")
     if len(value) > _NAME_MAX:
         raise InvalidInputError(f"{what} is longer than {_NAME_MAX} characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
+    if _has_controls(value):
         raise InvalidInputError(f"{what} contains control characters")
     return value
 
@@ -183,7 +188,7 @@ def validate_text(text: str, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
         raise InvalidInputError(f"text is {size} bytes, over the {max_bytes}-byte limit")
     # As for notes: a memory is text. An escape sequence stored in one would run in the
     # terminal of whoever lists it later.
-    if any(unicodedata.category(ch) == "Cc" and ch not in "\t\n\r" for ch in text):
+    if _has_controls(text, but="\t\n\r"):
         raise InvalidInputError("text contains control characters (only tabs and line breaks are allowed)")
     return text
 

@@ -139,6 +139,13 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT").fetchall()
 
 
+def data_version(conn: apsw.Connection) -> int:
+    """SQLite's ``PRAGMA data_version``: it changes whenever another connection commits."""
+    for (value,) in conn.execute("PRAGMA data_version"):
+        return int(value)
+    return -1
+
+
 def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     """Move every committed page into the main file and empty the -wal file, so old
     page images holding removed data do not linger there.

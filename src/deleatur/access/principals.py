@@ -177,15 +177,20 @@ def rescope_erased_accounts(memory: Memory, erased: list[tuple[str, list[str]]])
 
 
 def _rescope(memory: Memory, tenant: str, refs: set[str]) -> int:
+    """Replace, in the tenant's principals' scopes, each user id whose blind reference is
+    one of ``refs`` by its marker; returns how many principals changed."""
+
+    def kept(scope: str) -> str:
+        if erased_ref(scope) is not None:
+            return scope
+        ref = memory.keys.index.ref("user", tenant, scope).hex()
+        return ERASED_USER + ref if ref in refs else scope
+
     changed = 0
     for row in memory.backend.principals(tenant):
         scopes = [] if row["scopes"] is None else json.loads(row["scopes"])
-        kept = {
-            s: ERASED_USER + ref if erased_ref(s) is None and ref in refs else s
-            for s in scopes
-            for ref in [memory.keys.index.ref("user", tenant, s).hex()]
-        }
-        if any(s != k for s, k in kept.items()):
-            memory.backend.set_principal_scopes(tenant, str(row["id"]), json.dumps(sorted(set(kept.values()))))
+        rescoped = [kept(s) for s in scopes]
+        if rescoped != scopes:
+            memory.backend.set_principal_scopes(tenant, str(row["id"]), json.dumps(sorted(set(rescoped))))
             changed += 1
     return changed

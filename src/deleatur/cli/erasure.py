@@ -29,6 +29,11 @@ TokenOpt = Annotated[bool, typer.Option("--issue-token", help="With --dry-run: a
 ConfirmOpt = Annotated[str | None, typer.Option("--confirm", help="The token a dry run issued.")]
 
 
+def _print_kept_restricted(records: int) -> None:
+    if records:
+        out.print(f"kept: {records} record(s) of restricted subjects (Art. 18)", markup=False)
+
+
 def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     if plan.subject is not None:
         direct = "naming the subject"
@@ -61,8 +66,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
     if plan.outside_lineage:
         out.print(f"kept: {plan.outside_lineage} derived record(s) outside this scope")
-    if plan.kept_restricted:
-        out.print(f"kept: {plan.kept_restricted} record(s) of restricted subjects (Art. 18)")
+    _print_kept_restricted(plan.kept_restricted)
     out.print(f"note: {plan.to_json()['note']}", markup=False)
     if token:
         out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
@@ -86,8 +90,7 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
         f"{counts.get('keys_destroyed', 0)} data key(s) destroyed [request {request.id}, {request.status.value}]",
         markup=False,
     )
-    if counts.get("kept_restricted", 0):
-        out.print(f"kept: {counts['kept_restricted']} record(s) of restricted subjects (Art. 18)", markup=False)
+    _print_kept_restricted(counts.get("kept_restricted", 0))
     if counts.get("records", 0):
         out.print(
             f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False

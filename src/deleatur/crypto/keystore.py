@@ -34,7 +34,7 @@ from ..errors import (
     NotADeleaturStoreError,
     StoreBusyError,
 )
-from ..sqlitefile import connect, immediate, is_ours, scrub
+from ..sqlitefile import connect, data_version, immediate, is_ours, scrub
 from .master import MasterKeySource
 
 KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
@@ -90,7 +90,7 @@ class KeyStore:
         # Unwrapped keys, each with the key store's data_version when it was last seen in
         # the file: another connection (a server's other handle, a CLI) may destroy a key.
         self._by_id: OrderedDict[bytes, tuple[AESGCM, int]] = OrderedDict()
-        self._version = self._data_version()
+        self._version = data_version(self._conn)
 
     @classmethod
     def open(
@@ -169,17 +169,12 @@ class KeyStore:
         self._remember(key_id, aead)
         return aead
 
-    def _data_version(self) -> int:
-        for (value,) in self._conn.execute("PRAGMA data_version"):
-            return int(value)
-        return -1
-
     def refresh(self) -> None:
         """Note whether another connection has changed the key store since the last call:
         if so, each cached key is looked up in the file again before its next use. The
         guard calls this as each call begins, so no call decrypts with a key destroyed
         before it began (a commit on this connection evicts its own destroyed keys)."""
-        self._version = self._data_version()
+        self._version = data_version(self._conn)
 
     def _remember(self, key_id: bytes, aead: AESGCM) -> None:
         self._by_id[key_id] = (aead, self._version)

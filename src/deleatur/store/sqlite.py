@@ -17,7 +17,7 @@ import apsw
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
-from ..sqlitefile import connect, immediate, scrub, sidecar_files
+from ..sqlitefile import connect, data_version, immediate, scrub, sidecar_files
 from .protocol import LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
@@ -729,9 +729,7 @@ class SQLiteBackend:
         return sorted(str(r[0]) for r in rows)
 
     def data_version(self) -> int:
-        for (value,) in self._conn.execute("PRAGMA data_version"):
-            return int(value)
-        return -1
+        return data_version(self._conn)
 
     def log_size(self) -> int:
         (value,) = self._conn.execute("SELECT coalesce(max(idx) + 1, 0) FROM log_entries").fetchall()[0]
