@@ -242,17 +242,23 @@ def run_round(args: argparse.Namespace) -> dict[str, float]:
             server.wait(timeout=30)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def load_options(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the load (shared with ``bench_http_ceiling.py``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0, help="per operation and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="the server's worker processes")
+    parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main() -> None:
+    parser = load_options(__doc__)
     parser.add_argument("--records", type=int, default=10_000, help="records in the store before the rounds")
     parser.add_argument("--handles", type=int, default=DEFAULT_HANDLES, help="the server's --handles")
-    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (processes)")
     parser.add_argument("--wrk", action="store_true", help="drive the load with wrk instead")
     parser.add_argument("--httpx", action="store_true", help="drive the load with httpx.AsyncClient instead")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rounds = [run_round(args) for _ in range(args.rounds)]

@@ -407,3 +407,44 @@ def test_a_key_store_held_past_the_busy_timeout_is_named_as_such(
         memory.remember("about someone new", subject="Newcomer")
     assert (error_info(busy.value).status, error_info(busy.value).code) == (503, "key_store_busy")
     assert list(memory.list()) == []
+
+
+def test_a_first_try_refuses_a_held_lock_soon_and_changes_nothing(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur import KeyStoreBusyError, StoreBusyError, sqlitefile
+
+    memory.remember("known", subject="a")
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a wait would hang the test
+    with _write_locked(store_path), sqlitefile.first_try() as attempt:
+        with pytest.raises(StoreBusyError, match=r"holds the write lock.*nothing was changed"):
+            memory.remember("refused", subject="a")
+        assert attempt.refused and not attempt.committed
+    with _write_locked(store_path), sqlitefile.first_try() as attempt:
+        # A new subject's data key commits first; a retry would find it and use it.
+        with pytest.raises(StoreBusyError, match="holds the write lock"):
+            memory.remember("refused", subject="Someone new")
+        assert attempt.refused
+    with _write_locked(memory.keys.path), sqlitefile.first_try() as attempt:
+        with pytest.raises(KeyStoreBusyError, match="no key was made"):
+            memory.remember("refused too", subject="Another newcomer")
+        assert attempt.refused
+    assert [r.text for r in memory.list()] == ["known"]
+
+
+def test_a_first_try_that_has_committed_waits_for_a_later_lock(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half a call is never abandoned for a retry: once the attempt committed, the lock
+    is waited for as usual (here until the shortened busy timeout)."""
+    from deleatur import StoreBusyError, sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    with sqlitefile.first_try() as attempt:
+        memory.remember("first half", subject="a")
+        assert attempt.committed
+        with _write_locked(store_path), pytest.raises(StoreBusyError, match=r"held for over 0\.1 s"):
+            memory.remember("second half", subject="a")
+        assert not attempt.refused
+    with _write_locked(store_path), pytest.raises(StoreBusyError, match=r"held for over 0\.1 s"):
+        memory.remember("outside any attempt", subject="a")  # waits, as before

@@ -11,8 +11,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import apsw
 import httpx
 import pytest
 
@@ -349,6 +351,47 @@ def test_client_errors_are_deleatur_errors(client: Client) -> None:
         pytest.raises(DeleaturError, match="cannot reach"),
     ):
         down.checkpoint()
+
+
+def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process (a CLI erasure, a backup) holds the store's write lock: a
+    remember waits for it off the event loop, which meanwhile answers other requests,
+    then writes its record once (its refused first try changed nothing)."""
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    waiting = threading.Event()
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waiting.set()  # a busy handler is waiting for the lock
+            time.sleep(seconds)
+
+    monkeypatch.setattr(sqlitefile, "time", _Time)
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a stalled loop would hang
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        answers: list[httpx.Response] = []
+        writer = threading.Thread(
+            target=lambda: answers.append(http.post("/v1/memories", json={"text": "waits", "subject": "a"}))
+        )
+        writer.start()
+        try:
+            assert waiting.wait(timeout=30), "the remember never waited for the lock"
+            assert http.get("/openapi.json", timeout=5).status_code == 200  # the loop is free
+            assert not answers  # and the remember is still waiting
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            writer.join(timeout=30)
+        assert [a.status_code for a in answers] == [201]
+        listed = http.get("/v1/memories").json()["records"]
+        assert [r["text"] for r in listed] == ["waits"]
+    holder.close()
 
 
 def test_unexpected_error_is_a_500_naming_only_its_type() -> None:

@@ -89,8 +89,9 @@ class SchemaVersionError(StoreError):
 
 
 class StoreBusyError(StoreError):
-    """Another connection held the write lock for longer than the busy timeout, and
-    nothing was changed: a moment's condition, not the caller's input."""
+    """Another connection held the write lock for longer than the busy timeout (or at
+    all, for a call that must not wait: ``sqlitefile.first_try``), and nothing was
+    changed: a moment's condition, not the caller's input."""
 
     exit_code = 1
 

@@ -12,6 +12,8 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
@@ -32,6 +34,10 @@ WAL_AUTOCHECKPOINT_PAGES = 10_000
 # processes those sleeps, not the work, set the tail latency.
 _BUSY_FIRST_S = 50e-6
 _BUSY_MOST_S = 2e-3
+# How long a first_try waits before it refuses a lock: the loop it runs on stalls that
+# long at most, and the few milliseconds another server process holds the lock for a
+# write or two pass without handing the call to a thread (which costs more).
+FIRST_TRY_WAIT_MS = 10
 
 
 def _pragma(conn: apsw.Connection, name: str, value: str, expect: str | int) -> None:
@@ -41,16 +47,75 @@ def _pragma(conn: apsw.Connection, name: str, value: str, expect: str | int) -> 
         raise StoreError(f"could not set PRAGMA {name}={value} (got {got!r})")
 
 
+@dataclass
+class Attempt:
+    """A call made where it must not wait for a lock (on an event loop that serves
+    other requests): see :func:`first_try`."""
+
+    #: A write lock was found held, and refused at once: the call changed nothing.
+    refused: bool = False
+    #: Something was committed in this attempt: from then on locks are waited for.
+    committed: bool = False
+    beginning: bool = False  # inside immediate()'s BEGIN
+    repeatable: bool = False  # inside repeatable()
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("deleatur_attempt", default=None)
+
+
+@contextmanager
+def first_try() -> Iterator[Attempt]:
+    """Within the block, a write transaction that finds the lock held elsewhere fails
+    with StoreBusyError after ``FIRST_TRY_WAIT_MS``, rather than waiting up to
+    ``BUSY_TIMEOUT_MS``, as long as nothing was committed since the block began; ``refused`` then says the call changed
+    nothing, so it may be made again where waiting is harmless (a worker thread). Once
+    something has committed, a later lock is waited for as usual: a call half done is
+    finished, never abandoned for a retry that would do its first half twice."""
+    attempt = Attempt()
+    token = _ATTEMPT.set(attempt)
+    try:
+        yield attempt
+    finally:
+        _ATTEMPT.reset(token)
+
+
+@contextmanager
+def repeatable() -> Iterator[None]:
+    """Commits in the block are ones a retry of the call would find made and not make
+    again (a get-or-create): they leave a :func:`first_try` free to refuse a lock."""
+    attempt = _ATTEMPT.get()
+    if attempt is None or attempt.repeatable:
+        yield
+        return
+    attempt.repeatable = True
+    try:
+        yield
+    finally:
+        attempt.repeatable = False
+
+
+def _note_commit() -> bool:
+    attempt = _ATTEMPT.get()
+    if attempt is not None and not attempt.repeatable:
+        attempt.committed = True
+    return False  # let the commit go ahead
+
+
 def _busy_handler() -> Callable[[int], bool]:
-    """Retry a busy lock with short waits that double, for up to ``BUSY_TIMEOUT_MS``."""
+    """Retry a busy lock with short waits that double, for up to ``BUSY_TIMEOUT_MS``
+    (``FIRST_TRY_WAIT_MS`` for a :func:`first_try` that may still refuse)."""
     since = 0.0
 
     def retry(prior: int) -> bool:
         nonlocal since
+        attempt = _ATTEMPT.get()
+        refusing = attempt is not None and attempt.beginning and not attempt.committed
         now = time.monotonic()
         if prior == 0:
             since = now
-        elif now - since >= BUSY_TIMEOUT_MS / 1000:
+        elif now - since >= (FIRST_TRY_WAIT_MS if refusing else BUSY_TIMEOUT_MS) / 1000:
+            if attempt is not None and refusing:
+                attempt.refused = True
             return False
         time.sleep(min(_BUSY_FIRST_S * 2 ** min(prior, 16), _BUSY_MOST_S))
         return True
@@ -92,6 +157,7 @@ def connect(
     try:
         conn = apsw.Connection(str(path), flags=flags)
         conn.set_busy_handler(_busy_handler())
+        conn.set_commit_hook(_note_commit)
         # The query planner stability guarantee: no plan depends on a bound value. Built
         # with STAT4 (as apsw's SQLite is), SQLite re-prepares a statement whose plan
         # looked at a bound value each time that value changes, and FTS5 rebinds its
@@ -124,13 +190,19 @@ def connect(
 def immediate(conn: apsw.Connection) -> Iterator[None]:
     """A write transaction that takes the lock up front, so concurrent writers queue
     on the busy timeout instead of failing with SQLITE_BUSY on lock upgrade."""
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        attempt.beginning = True
     try:
         conn.execute("BEGIN IMMEDIATE").fetchall()
     except apsw.BusyError:
+        held = "holds" if attempt is not None and attempt.refused else f"held for over {BUSY_TIMEOUT_MS / 1000:g} s"
         raise StoreBusyError(
-            f"another process held the write lock of {conn.filename} for over {BUSY_TIMEOUT_MS / 1000:g} s;"
-            " nothing was changed: try again"
+            f"another process {held} the write lock of {conn.filename}; nothing was changed: try again"
         ) from None
+    finally:
+        if attempt is not None:
+            attempt.beginning = False
     try:
         yield
     except BaseException:

@@ -34,7 +34,7 @@ from ..errors import (
     NotADeleaturStoreError,
     StoreBusyError,
 )
-from ..sqlitefile import connect, data_version, immediate, is_ours, scrub
+from ..sqlitefile import connect, data_version, immediate, is_ours, repeatable, scrub
 from .master import MasterKeySource
 
 KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
@@ -203,7 +203,8 @@ class KeyStore:
             "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
         ).fetchone()
         if row is None:
-            with self._locked("no key was made"):
+            # A retry of the call finds this key made and uses it (sqlitefile.first_try).
+            with repeatable(), self._locked("no key was made"):
                 # Re-read under the write lock: a concurrent process may have just made it.
                 row = self._conn.execute(
                     "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?",

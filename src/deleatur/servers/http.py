@@ -29,9 +29,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
-from ..errors import AuthenticationError, DeleaturError, InvalidInputError
+from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
 from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
+from ..sqlitefile import first_try
 from .auth import CHALLENGE, as_caller
 from .calls import MAX_PAGE, check_certificate, check_receipt, list_page, new_request_id, on_behalf, public_key
 from .errors import ErrorInfo, ServerBusyError, error_info
@@ -439,10 +440,9 @@ def create_app(
 ) -> FastAPI:
     """The API over the store ``open_memory`` opens, at most ``handles`` times: no more
     library calls run at once than there are handles (the others wait in the event
-    loop, not in threads). With one handle (the default) the calls run one at a time
-    anyway, so each runs in the event loop itself: handing it to a worker thread and
-    back cost a fifth of the throughput (BENCHMARKS.md). With more, each runs in a
-    worker thread on a leased handle."""
+    loop, not in threads). Each runs in a worker thread on a leased handle, except
+    that with one handle (the default) the memory routes run in the event loop itself
+    (see ``serve``)."""
     pool = HandlePool(open_memory, limit=handles)
     exports = _Exports(MAX_EXPORTS)
     workers = anyio.CapacityLimiter(handles)
@@ -490,9 +490,17 @@ def create_app(
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return _error(error_info(exc))
 
-    async def serve(call: Callable[[Memory], T]) -> T:
-        """Run one library call in a worker thread on a leased handle, as the principal
-        of the request's API key."""
+    threaded = 0  # calls now in worker threads (or waiting for one)
+
+    async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
+        """Run one library call on a leased handle, as the principal of the request's API
+        key: in a worker thread, or, for an ``inline`` call (one that takes no lock but
+        the write lock, and reads or writes a record or two), in the event loop itself
+        when the one handle is free, which spares the thread's cost (a fifth of the
+        throughput, BENCHMARKS.md). An inline call waits there for a write lock another
+        process holds for at most ``FIRST_TRY_WAIT_MS``: past that it has changed nothing,
+        and waits in a thread instead, so the loop goes on serving other requests."""
+        nonlocal threaded
         api_key = _API_KEY.get()
 
         def run() -> T:
@@ -501,9 +509,18 @@ def create_app(
 
         # An export thread holds a read snapshot that a call's WAL checkpoint waits
         # for: the loop must keep draining the export meanwhile, so no inline calls.
-        if handles == 1 and not exports.live:
-            return run()  # nothing else can hold the one handle: no call is in a thread
-        return await anyio.to_thread.run_sync(run, limiter=workers)
+        if inline and handles == 1 and not exports.live and not threaded:
+            with first_try() as attempt:
+                try:
+                    return run()  # the one handle is free: no call is in a thread
+                except StoreBusyError:
+                    if not attempt.refused:
+                        raise
+        threaded += 1
+        try:
+            return await anyio.to_thread.run_sync(run, limiter=workers)
+        finally:
+            threaded -= 1
 
     # -- memories --------------------------------------------------------------------
 
@@ -522,11 +539,13 @@ def create_app(
                 derived_from=body.derived_from,
                 expires_at=body.expires_at,
                 for_legal_claim=body.for_legal_claim,
-            ).to_json()
+            ).to_json(),
+            inline=True,
         )
 
     async def search(q: str, space: Space, limit: int) -> dict[str, Any]:
-        return {"hits": [h.to_json() for h in await serve(lambda m: m.recall(q, space=space, limit=limit))]}
+        hits = await serve(lambda m: m.recall(q, space=space, limit=limit), inline=True)
+        return {"hits": [h.to_json() for h in hits]}
 
     @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
     async def recall(
@@ -548,7 +567,7 @@ def create_app(
 
     @app.get("/v1/memories/{record_id}", tags=["memories"], responses=_LOOKUP)
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        return await serve(lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json())
+        return await serve(lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json(), inline=True)
 
     @app.get("/v1/memories", tags=["memories"], responses=_READ)
     async def list_(
@@ -567,14 +586,15 @@ def create_app(
         records, cursor = await serve(
             lambda m: list_page(
                 m, space=where, subject=subject, key=key, include_history=history, limit=limit, after=after
-            )
+            ),
+            inline=True,
         )
         return {"records": [r.to_json() for r in records], "next": cursor}
 
     @app.get("/v1/history", tags=["memories"], responses=_LOOKUP)
     async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
         """Every version of a key, oldest first."""
-        records = await serve(lambda m: m.history(key, space=Space(user_id, agent_id, run_id)))
+        records = await serve(lambda m: m.history(key, space=Space(user_id, agent_id, run_id)), inline=True)
         return {"records": [r.to_json() for r in records]}
 
     @app.post("/v1/forget", tags=["memories"], responses=_WRITE)
