@@ -127,7 +127,11 @@ async def _recall(request: Request) -> JSONResponse:
 
 
 starlette_app = Starlette(
-    routes=[Route("/v1/memories", _remember, methods=["POST"]), Route("/v1/memories/search", _recall)]
+    routes=[
+        Route("/v1/memories", _remember, methods=["POST"]),
+        Route("/v1/memories/search", _recall),
+        Route("/openapi.json", _recall),  # what wait_ready asks for
+    ]
 )
 
 
