@@ -4,12 +4,15 @@ requests, idempotency, confirmation tokens, residue and pseudonymized traces."""
 from __future__ import annotations
 
 import hashlib
+import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import apsw
 import pytest
 
 from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
+from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
@@ -155,6 +158,57 @@ def test_ambiguous_subject_is_refused_until_allowed(memory: Memory) -> None:
     done = _erase(memory, "jo smith", allow_ambiguous=True).request  # type: ignore[attr-defined]
     assert done.status is RequestStatus.COMPLETE
     assert list(memory.list()) == []
+
+
+def test_a_retried_request_keeps_its_first_receipt_and_its_place(memory: Memory, clock: FakeClock) -> None:
+    """A failed request retried under its id is the same request: its month runs from its
+    first receipt (Art. 12(3)), which its status and certificate state, and it keeps its
+    place in the list, so a pager holding its id as the cursor skips none received since."""
+    memory.remember("one", subject="Jo Smith")
+    memory.remember("two", subject="JO SMITH")
+    with pytest.raises(AmbiguousSubjectError):
+        _erase(memory, "jo smith", request_id="R-1")
+    first = clock.now
+    [cursor] = memory.erasure_requests(limit=1)
+    clock.advance(86400)
+    _erase(memory, "Nobody", request_id="R-2")
+    clock.advance(20 * 86400)
+    with pytest.raises(AmbiguousSubjectError):
+        _erase(memory, "jo smith", request_id="R-1")
+    assert memory.erasure_request("R-1").received_at == first
+    clock.advance(20 * 86400)
+    done = _erase(memory, "jo smith", request_id="R-1", allow_ambiguous=True).request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE
+    assert (done.received_at, done.deadline) == (first, one_month_after(first))
+    assert done.deadline_met(clock.now) is False  # done 41 days after it was first received
+    assert memory.erasure_request("R-1") == done
+    assert memory.certificate("R-1")["certificate"]["request"]["received_at"] == isoformat(first)
+    assert [r.id for r in memory.erasure_requests(after=cursor.id)] == ["R-2"]
+    assert [r.id for r in memory.erasure_requests()] == ["R-1", "R-2"]
+
+
+def test_a_failure_recorded_late_never_replaces_the_erasure_that_ran(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed erasure records its failure after its transaction rolled back, in one of
+    its own; meanwhile another caller may have run the same request. The failure must not
+    replace that erasure's record (its counts, tombstones, keys pending destruction)."""
+    memory.remember("one", subject="Jo Smith")
+    memory.remember("two", subject="JO SMITH")
+    real = memory.backend.atomic
+    ran: list[ErasureRequest] = []
+
+    def atomic() -> AbstractContextManager[None]:
+        if isinstance(sys.exc_info()[1], AmbiguousSubjectError) and not ran:  # recording the failure
+            with Memory.open(store_path, from_bytes(MASTER)) as other:
+                ran.append(_erase(other, "jo smith", request_id="R-1", allow_ambiguous=True).request)  # type: ignore[attr-defined]
+        return real()
+
+    monkeypatch.setattr(memory.backend, "atomic", atomic)
+    with pytest.raises(AmbiguousSubjectError):
+        _erase(memory, "jo smith", request_id="R-1")
+    assert ran and ran[0].status is RequestStatus.COMPLETE
+    assert memory.erasure_request("R-1") == ran[0]
 
 
 def test_agents_must_present_a_single_use_token(memory: Memory, family: dict[str, str]) -> None:

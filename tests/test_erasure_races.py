@@ -8,7 +8,9 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -21,7 +23,7 @@ from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.erasure.verify import verify_certificate
 
-from .conftest import MASTER, store_files
+from .conftest import MASTER, FakeClock, store_files
 
 BASIS = "Art. 17(1)(a)"
 
@@ -63,6 +65,55 @@ def test_two_processes_with_one_request_id_erase_once(memory: Memory, store_path
     assert len(request.record_ids) == 5
     assert len(request.tombstones) == 5
     assert memory.certificate("DSAR-1")["certificate"]["erasure"]["records"] == 5
+
+
+class _PausingClock(FakeClock):
+    """A handle's clock whose next reading, once paused, waits for ``resume`` (in its
+    caller's thread): an erasure stopped between its time of receipt and the write lock."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(start)
+        self.paused, self._resumed = threading.Event(), threading.Event()
+        self._pausing = False
+
+    def pause_next(self) -> None:
+        self._pausing = True
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def __call__(self) -> int:
+        if self._pausing:
+            self._pausing = False
+            self.paused.set()
+            assert self._resumed.wait(timeout=60)
+        return self.now
+
+
+def test_a_page_read_between_two_erasures_commits_misses_neither(
+    memory: Memory, store_path: Path, clock: FakeClock
+) -> None:
+    """An erasure takes its time of receipt before it waits for the write lock, so the one
+    received first can commit second. A pager that read its page between the two commits
+    must find that one after its cursor: the list follows the order of commits."""
+    early, late = _PausingClock(clock.now), FakeClock(clock.now + 1_000_000)
+    with (
+        Memory.open(store_path, from_bytes(MASTER), clock=early) as first,
+        Memory.open(store_path, from_bytes(MASTER), clock=late) as second,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        early.pause_next()
+        erasing = pool.submit(first.erase, "Ann", request_id="FIRST", basis=BASIS, requester="dpo")
+        try:
+            assert early.paused.wait(timeout=60)  # FIRST is received, and waits
+            second.erase("Bob", request_id="SECOND", basis=BASIS, requester="dpo")
+            page = memory.erasure_requests(limit=100)
+        finally:
+            early.resume()
+        erasing.result(timeout=60)
+    assert [r.id for r in page] == ["SECOND"]
+    assert [r.id for r in memory.erasure_requests(after=page[-1].id)] == ["FIRST"]
+    assert memory.erasure_request("FIRST").received_at < memory.erasure_request("SECOND").received_at
 
 
 def test_a_request_id_cannot_be_reused_for_another_erasure(memory: Memory) -> None:

@@ -26,7 +26,7 @@ from deleatur import (
 from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.store import schema
 
-from .conftest import MASTER, store_files
+from .conftest import MASTER, FakeClock, store_files
 
 
 def _version(path: Path) -> int:
@@ -37,6 +37,13 @@ def _version(path: Path) -> int:
         return value
     finally:
         conn.close()
+
+
+def _undo_v13(conn: apsw.Connection) -> None:
+    """The erasure requests as v12 left them: not numbered, indexed by time of receipt."""
+    conn.execute("DROP INDEX erasure_requests_seq")
+    conn.execute("ALTER TABLE erasure_requests DROP COLUMN seq")
+    conn.execute("CREATE INDEX erasure_requests_received ON erasure_requests(tenant, received_at, id)")
 
 
 def test_new_store_is_marked_and_versioned(store_path: Path) -> None:
@@ -224,6 +231,7 @@ def test_a_v11_store_forgets_what_older_releases_kept_of_erased_accounts(store_p
         token = memory.erase("Bo", request_id="D", basis="b", requester="r", dry_run=True, issue_token=True).token
     conn = apsw.Connection(str(store_path))  # as the older release left it
     conn.execute("UPDATE principals SET scopes = ? WHERE id = ?", ('["cust_qzold", "u2"]', scoped.id))
+    _undo_v13(conn)
     conn.execute("PRAGMA user_version = 11")
     conn.close()
     assert b"cust_qzold" in b"".join(p.read_bytes() for p in store_files(store_path))
@@ -234,8 +242,44 @@ def test_a_v11_store_forgets_what_older_releases_kept_of_erased_accounts(store_p
         assert view.erasure_request("ACC-OLD").status.value == "complete"
         with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
             memory.erase("Bo", request_id="E", basis="b", requester="r", require_confirmation=True, confirmation=token)
-    assert _version(store_path) == 12
+    assert _version(store_path) == max(schema.MIGRATIONS)
     assert b"cust_qzold" not in b"".join(p.read_bytes() for p in store_files(store_path))
+
+
+def test_a_v12_store_keeps_listing_its_requests_in_the_order_it_did(store_path: Path) -> None:
+    """v13 lists erasure requests in the order they were recorded, by a number each one
+    takes under the write lock; v12 listed them by (received_at, id). A v12 store's
+    requests are numbered in v12's order, each tenant's apart, so a cursor taken before
+    the upgrade goes on where it was, and a request recorded after comes after them all."""
+    clock = FakeClock()
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True) as memory:
+        memory.new_signing_key()
+        acme_admin, _ = memory.create_principal("acme", Role.ADMIN, tenant="acme")
+        acme = memory.as_principal(acme_admin)
+        for request_id in ("V12-B", "V12-A"):  # received at the same time: v12 ordered them by id
+            memory.erase("Nobody", request_id=request_id, basis="Art. 17(1)(a)", requester="dpo")
+        acme.erase("Nobody", request_id="ACME-1", basis="Art. 17(1)(a)", requester="dpo")
+        clock.advance(60)
+        memory.erase("Nobody", request_id="V12-C", basis="Art. 17(1)(a)", requester="dpo")
+        clock.advance(-3600)  # a clock set back: received before the others, recorded after
+        memory.erase("Nobody", request_id="V12-0", basis="Art. 17(1)(a)", requester="dpo")
+    conn = apsw.Connection(str(store_path))
+    _undo_v13(conn)
+    conn.execute("PRAGMA user_version = 12")
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock) as memory:
+        assert _version(store_path) == max(schema.MIGRATIONS) == 13
+        assert [r.id for r in memory.erasure_requests()] == ["V12-0", "V12-A", "V12-B", "V12-C"]
+        assert [r.id for r in memory.erasure_requests(after="V12-A", limit=1)] == ["V12-B"]
+        clock.advance(-3600)
+        memory.erase("Nobody", request_id="V13-1", basis="Art. 17(1)(a)", requester="dpo")
+        assert [r.id for r in memory.erasure_requests(after="V12-B")] == ["V12-C", "V13-1"]
+        acme = memory.as_principal(acme_admin)
+        acme.erase("Nobody", request_id="ACME-2", basis="Art. 17(1)(a)", requester="dpo")
+        assert [r.id for r in acme.erasure_requests()] == ["ACME-1", "ACME-2"]
+    conn = apsw.Connection(str(store_path))
+    assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'erasure_requests_received'").fetchall() == []
+    conn.close()
 
 
 def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:
@@ -247,6 +291,7 @@ def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> Non
         memory.erase("a", request_id="OLD-1", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
         principal, _ = memory.create_principal("scoped", Role.VIEWER, scopes=["u1"])
     conn = apsw.Connection(str(store_path))
+    _undo_v13(conn)
     conn.execute("ALTER TABLE erasure_requests DROP COLUMN users")
     conn.execute("DROP TABLE lineage_stubs")  # v11's
     conn.execute("PRAGMA user_version = 8")
@@ -282,6 +327,7 @@ def test_a_v9_index_of_words_is_rebuilt_of_keyed_hashes_on_open(store_path: Path
     conn.execute("PRAGMA secure_delete = ON")
     conn.execute("INSERT INTO ft(ft) VALUES ('delete-all')")
     conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", old_index)
+    _undo_v13(conn)
     conn.execute("DROP TABLE lineage_stubs")  # v11's
     conn.execute("PRAGMA user_version = 9")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

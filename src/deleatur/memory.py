@@ -1470,9 +1470,10 @@ class Memory:
 
     @guarded("erasure.list", (R, V), calls.own_scopes)
     def erasure_requests(self, *, limit: int | None = None, after: str | None = None) -> builtins.list[ErasureRequest]:
-        """The tenant's erasure requests in the order received; for a key scoped to users,
-        those in theirs. ``limit`` and ``after`` (the last request id of the previous
-        page) page through them; an id that names no request gives an empty page."""
+        """The tenant's erasure requests in the order they were recorded (a failed request
+        retried keeps its place); for a key scoped to users, those in theirs. ``limit`` and
+        ``after`` (the last request id of the previous page) page through them, missing
+        none that commits meanwhile; an id that names no request gives an empty page."""
         if limit is not None:
             check_int(limit, "limit", low=1)
         if after is not None:

@@ -125,7 +125,7 @@ def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
 
 def readable_requests(memory: Memory, *, limit: int | None, after: str | None) -> list[ErasureRequest]:
     """The tenant's requests, or a scoped key's own (those within its scopes): up to
-    ``limit`` of them, in the order received, from after the request ``after``."""
+    ``limit`` of them, in the order recorded, from after the request ``after``."""
     scoped = memory.principal.scopes is not None
     out: list[ErasureRequest] = []
     if scoped and after is not None:

@@ -223,6 +223,9 @@ def erase(
                 memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, expires)
         return _as_shown(memory, ErasureResult(None, plan, token))
 
+    # Received when asked, not once the write lock is ours (up to the busy timeout later):
+    # the deadline runs from receipt. So requests can commit out of this order, and the
+    # list of requests follows the commit order instead (see put_request).
     received = memory._clock()
     if retention is not None:
         kind = RequestKind.RETENTION
@@ -276,6 +279,10 @@ def erase(
                     )
                 repeated = earlier
                 raise _Repeated
+            if earlier is not None:
+                # A failed request retried is the same request: its one month runs from
+                # its first receipt (Art. 12(3)), which its row keeps (see put_request).
+                template = replace(template, received_at=earlier.received_at)
             plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
             if plan.ambiguous and not allow_ambiguous:
                 raise AmbiguousSubjectError(

@@ -720,7 +720,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
     ) -> dict[str, Any]:
-        """The erasure requests in the order received, with their Art. 12(3) deadlines and
+        """The erasure requests in the order recorded, with their Art. 12(3) deadlines and
         whether they were met, a page at a time: ``next`` is the cursor of the following
         page, null after the last (a request can name many records)."""
         now = system_clock()

@@ -144,7 +144,9 @@ class Backend(Protocol):
     def count_subject(self, tenant: str, subject_ref: bytes) -> int: ...
 
     def put_request(self, row: Mapping[str, Any], *, replace: bool) -> None:
-        """Insert a request row; ``replace`` only to update one this caller owns."""
+        """Insert a request row; ``replace`` only to update one this caller owns. An
+        update keeps the request's place in :meth:`requests` and its ``received_at``,
+        and a failed request never replaces one that ran."""
         ...
 
     def pending_key_lists(self) -> list[str]:
@@ -160,7 +162,8 @@ class Backend(Protocol):
     def get_request(self, tenant: str, request_id: str) -> dict[str, Any] | None: ...
 
     def requests(self, tenant: str, *, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        """A tenant's requests in the order received, from after the request ``after``."""
+        """A tenant's requests in the order they were first recorded (committed), from
+        after the request ``after``: a page read while others commit misses none."""
         ...
 
     def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None: ...

@@ -245,6 +245,24 @@ def _v12(conn: apsw.Connection) -> None:
     conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES ('scrub_pending', '1')").fetchall()
 
 
+def _v13(conn: apsw.Connection) -> None:
+    """Requests are listed in the order they were recorded, by a number each one gets
+    under the write lock, no longer by ``received_at``: an erasure takes its receipt time
+    before it waits for the lock, so two of them can commit in the other order, and a page
+    read between the two commits would skip the one committed second for good. The
+    requests kept so far are numbered in the order v12 listed them, so a cursor taken
+    before the upgrade goes on where it was. The table has no rowid to number them by."""
+    conn.execute("ALTER TABLE erasure_requests ADD COLUMN seq INTEGER").fetchall()
+    conn.execute(
+        "UPDATE erasure_requests SET seq = listed.n FROM (SELECT tenant, id,"
+        " row_number() OVER (PARTITION BY tenant ORDER BY received_at, id) AS n FROM erasure_requests) AS listed"
+        " WHERE listed.tenant = erasure_requests.tenant AND listed.id = erasure_requests.id"
+    ).fetchall()
+    # IF EXISTS: a store migrated to v12 before v12 made this index has none.
+    conn.execute("DROP INDEX IF EXISTS erasure_requests_received").fetchall()
+    conn.execute("CREATE UNIQUE INDEX erasure_requests_seq ON erasure_requests(tenant, seq)").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -259,6 +277,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     10: _v10,
     11: _v11,
     12: _v12,
+    13: _v13,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

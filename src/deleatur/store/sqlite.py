@@ -525,11 +525,23 @@ class SQLiteBackend:
         return 0
 
     def put_request(self, row: Mapping[str, Any], *, replace: bool) -> None:
-        columns = ", ".join(row)
-        verb = "INSERT OR REPLACE" if replace else "INSERT"
-        self._conn.execute(
-            f"{verb} INTO erasure_requests({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+        # A new request takes the next number of its tenant's list, under the write lock
+        # (every write holds it from its start), so the list's order is the commit order.
+        sql = (
+            f"INSERT INTO erasure_requests({', '.join(row)}, seq) VALUES ({', '.join('?' * len(row))},"
+            " (SELECT coalesce(max(seq), 0) + 1 FROM erasure_requests WHERE tenant = ?))"
         )
+        if replace:
+            # Not INSERT OR REPLACE: the request keeps its number, so a cursor naming it
+            # keeps its place, and its first receipt, which its deadline runs from.
+            # A failure, recorded after its transaction was rolled back, never replaces
+            # what another caller's erasure under the same id committed meanwhile.
+            changed = ", ".join(f"{c} = excluded.{c}" for c in row if c not in ("tenant", "id", "received_at"))
+            sql += (
+                f" ON CONFLICT (tenant, id) DO UPDATE SET {changed}"
+                " WHERE excluded.status != 'failed' OR erasure_requests.status = 'failed'"
+            )
+        self._conn.execute(sql, (*row.values(), row["tenant"]))
 
     def pending_key_lists(self) -> list[str]:
         return [
@@ -562,9 +574,9 @@ class SQLiteBackend:
         args: list[Any] = [tenant]
         if after is not None:
             # An unknown cursor matches nothing (NULL), so it tells no caller which ids exist.
-            sql += " AND (received_at, id) > (SELECT received_at, id FROM erasure_requests WHERE tenant = ? AND id = ?)"
+            sql += " AND seq > (SELECT seq FROM erasure_requests WHERE tenant = ? AND id = ?)"
             args += [tenant, after]
-        sql += " ORDER BY received_at, id"
+        sql += " ORDER BY seq"
         if limit is not None:
             sql, args = sql + " LIMIT ?", [*args, limit]
         return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in self._conn.execute(sql, args)]
