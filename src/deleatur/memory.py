@@ -1323,8 +1323,10 @@ class Memory:
 
         ``dry_run`` only reports the blast radius (and, with ``issue_token``, returns a
         single-use confirmation token). A repeated ``request_id`` returns the earlier
-        result. See :mod:`deleatur.erasure.engine`. An agent principal must always
-        confirm with the token of a dry run.
+        result; a failed one may be retried, by any ``requester`` (one line; or, for a
+        request an older release recorded with one of several lines, that one). See
+        :mod:`deleatur.erasure.engine`. An agent principal must always confirm with the
+        token of a dry run.
         """
         self._name_subject(subject)
         return erase(

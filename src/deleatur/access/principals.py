@@ -14,13 +14,12 @@ import hashlib
 import hmac
 import json
 import re
-import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import ERASED_USER, Space, check_name, check_type, erased_ref
+from ..model import ERASED_USER, Space, check_name, check_type, erased_ref, one_line
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -89,8 +88,7 @@ class Principal:
     def who(self) -> str:
         """The name as one line, as actors and requesters are kept: a principal named
         before names had to be one line may hold a line break, and must still act."""
-        shown = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in self.name)
-        return " ".join(shown.split()) or self.id
+        return one_line(self.name) or self.id
 
     @property
     def capabilities(self) -> frozenset[Capability]:
