@@ -13,7 +13,7 @@ import pytest
 
 from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
 from deleatur.clock import isoformat
-from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
+from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, ErasureResult
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
@@ -209,6 +209,56 @@ def test_a_failure_recorded_late_never_replaces_the_erasure_that_ran(
         _erase(memory, "jo smith", request_id="R-1")
     assert ran and ran[0].status is RequestStatus.COMPLETE
     assert memory.erasure_request("R-1") == ran[0]
+
+
+def test_a_request_an_older_release_recorded_with_a_multi_line_requester_can_be_retried(memory: Memory) -> None:
+    """Older releases took a requester of several lines; today's must be one. A request
+    they left, failed, is retried under its id with its requester as it was given (line
+    breaks and all) or in its one-line form, and records the one-line form. A requester
+    of several lines stays refused anywhere else, recording nothing."""
+    memory.remember("one", subject="Jo Smith")
+    memory.remember("two", subject="JO SMITH")
+    old = "DPO office\r\n  ticket 4411\n"
+    for request_id in ("OLD-1", "OLD-2"):
+        with pytest.raises(AmbiguousSubjectError):
+            memory.erase("jo smith", request_id=request_id, basis=BASIS, requester="dpo")
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute("UPDATE erasure_requests SET requester = ?", (old,))  # as the older release wrote them
+    before = _snapshot(memory)
+
+    def erase(request_id: str, requester: str, *, allow_ambiguous: bool = True, dry_run: bool = False) -> ErasureResult:
+        return memory.erase(
+            "jo smith",
+            request_id=request_id,
+            basis=BASIS,
+            requester=requester,
+            allow_ambiguous=allow_ambiguous,
+            dry_run=dry_run,
+        )
+
+    for request_id, requester, dry_run in [
+        ("OLD-1", "someone\nelse", False),  # not the request's requester
+        ("NEW-1", old, False),  # no request of that id
+        ("OLD-1", old, True),  # a dry run is no retry
+    ]:
+        with pytest.raises(InvalidInputError, match="requester contains control characters") as refused:
+            erase(request_id, requester, dry_run=dry_run)
+        assert refused.value.request_id == request_id
+    assert _snapshot(memory) == before
+    assert [(r.id, r.requester) for r in memory.erasure_requests()] == [("OLD-1", old), ("OLD-2", old)]
+
+    with pytest.raises(AmbiguousSubjectError):  # retried, and failed again: still that request's
+        erase("OLD-1", old, allow_ambiguous=False)
+    assert memory.erasure_request("OLD-1").requester == "DPO office ticket 4411"
+    done = erase("OLD-1", old).request
+    assert done is not None and done.status is RequestStatus.COMPLETE and done.counts["records"] == 2
+    assert done.requester == "DPO office ticket 4411"
+    again = erase("OLD-1", old)
+    assert again.repeated and again.request == done
+    memory.remember("three", subject="Jo Smith")
+    one_line = erase("OLD-2", "DPO office ticket 4411").request
+    assert one_line is not None and one_line.status is RequestStatus.COMPLETE
+    assert one_line.requester == "DPO office ticket 4411"
 
 
 def test_agents_must_present_a_single_use_token(memory: Memory, family: dict[str, str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from deleatur import (
     MasterKeyError,
     Memory,
     NotADeleaturStoreError,
+    Principal,
     Role,
     SchemaVersionError,
     Space,
@@ -23,7 +25,10 @@ from deleatur import (
     from_bytes,
     from_file,
 )
+from deleatur.access.calls import SYSTEM
 from deleatur.erasure.engine import ConfirmationRequiredError
+from deleatur.log.entries import EventType
+from deleatur.log.tlog import TransparencyLog
 from deleatur.store import schema
 
 from .conftest import MASTER, FakeClock, store_files
@@ -229,11 +234,7 @@ def test_a_v11_store_forgets_what_older_releases_kept_of_erased_accounts(store_p
         memory.erase_all(user_id="u2", agent_id="a", request_id="ACC-PART", basis="Art. 17(1)(a)", requester="dpo")
         memory.remember("Bo's note", subject="Bo")
         token = memory.erase("Bo", request_id="D", basis="b", requester="r", dry_run=True, issue_token=True).token
-    conn = apsw.Connection(str(store_path))  # as the older release left it
-    conn.execute("UPDATE principals SET scopes = ? WHERE id = ?", ('["cust_qzold", "u2"]', scoped.id))
-    _undo_v13(conn)
-    conn.execute("PRAGMA user_version = 11")
-    conn.close()
+    _as_v11_left_it(store_path, {scoped.id: ["cust_qzold", "u2"]})
     assert b"cust_qzold" in b"".join(p.read_bytes() for p in store_files(store_path))
     with Memory.open(store_path, from_bytes(MASTER)) as memory:
         (scopes,) = [p.scopes for p in memory.principals() if p.id == scoped.id]
@@ -280,6 +281,103 @@ def test_a_v12_store_keeps_listing_its_requests_in_the_order_it_did(store_path: 
     conn = apsw.Connection(str(store_path))
     assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'erasure_requests_received'").fetchall() == []
     conn.close()
+
+
+def _as_v11_left_it(store_path: Path, scopes: dict[str, list[str]]) -> None:
+    """Make the store what a release before v12 left: the API keys scoped to accounts it
+    erased still name them (``scopes``: principal id to its scopes)."""
+    conn = apsw.Connection(str(store_path))
+    conn.executemany("UPDATE principals SET scopes = ? WHERE id = ?", [(json.dumps(s), i) for i, s in scopes.items()])
+    _undo_v13(conn)
+    conn.execute("PRAGMA user_version = 11")
+    conn.close()
+
+
+def _erased_accounts_in_two_tenants(store_path: Path) -> tuple[Principal, Principal, Principal, list[str]]:
+    """A v11 store whose keys are scoped to an account erased in each of two tenants: the
+    default tenant's key, acme's admin and its key, and the tokens of the two users."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        app, _ = memory.create_principal("app", Role.MEMBER, scopes=["cust_qzold", "u2"])
+        acme_admin, _ = memory.create_principal("acme", Role.ADMIN, tenant="acme")
+        acme = memory.as_principal(acme_admin)
+        bot, _ = acme.create_principal("bot", Role.AGENT, scopes=["cust_acmeold"])
+        memory.remember("a note", subject="Ann", space=Space("cust_qzold"))
+        memory.erase_all(user_id="cust_qzold", request_id="ACC-1", basis="Art. 17(1)(a)", requester="dpo")
+        acme.erase_all(user_id="cust_acmeold", request_id="ACC-2", basis="Art. 17(1)(a)", requester="dpo")
+        tokens = [memory._user_token("cust_qzold"), acme._user_token("cust_acmeold")]
+    _as_v11_left_it(store_path, {app.id: ["cust_qzold", "u2"], bot.id: ["cust_acmeold"]})
+    return app, acme_admin, bot, tokens
+
+
+def test_the_v12_rescope_is_logged_as_the_systems_change(store_path: Path) -> None:
+    """Every change to a principal's scopes is in the log; the upgrade's rewrite of the
+    scopes of erased accounts too: a call entry per tenant whose actor is the system (no
+    person made it), naming the principals changed and the users by token only, covered
+    by a checkpoint, after which no byte of the store names the users."""
+    app, acme_admin, bot, (qzold, acmeold) = _erased_accounts_in_two_tenants(store_path)
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        size, checkpoint = memory.backend.log_size(), memory.backend.checkpoint()
+        assert checkpoint is not None and checkpoint[0] == size  # signed with the rewrite
+        acme = memory.as_principal(acme_admin)
+        [ours] = memory.audit_entries(actor=SYSTEM)
+        [theirs] = acme.audit_entries(actor=SYSTEM)
+        for shown, tenant, principal, user in ((ours, "default", app, qzold), (theirs, "acme", bot, acmeold)):
+            entry = shown.entry
+            assert shown.index < size and entry.type is EventType.CALL
+            assert {k: v for k, v in entry.fields.items() if k != "request"} == {
+                "action": "principal.rescope",
+                "actor": "system",
+                "role": "system",
+                "tenant": tenant,
+                "outcome": "ok",
+                "users": [user],
+                "principals": [principal.id],
+                "upgrade": 12,
+            }
+        assert memory.verify_log().ok
+        assert memory.verify_audit().ok
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:  # once: the store is unmarked
+        assert len(list(memory.audit_entries(actor=SYSTEM))) == 1
+    files = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert b"cust_qzold" not in files and b"cust_acmeold" not in files
+
+
+def test_the_v12_rescope_and_its_entry_commit_together(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewrite whose entry cannot be appended is not made: the next open makes both."""
+    app, *_ = _erased_accounts_in_two_tenants(store_path)
+
+    def failing(log: TransparencyLog, events: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(TransparencyLog, "append", failing)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        Memory.open(store_path, from_bytes(MASTER))
+    monkeypatch.undo()
+    conn = apsw.Connection(str(store_path))
+    assert conn.execute("SELECT scopes FROM principals WHERE id = ?", (app.id,)).fetchall() == [
+        ('["cust_qzold", "u2"]',)
+    ]
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert [a.entry.fields["principals"] for a in memory.audit_entries(actor=SYSTEM)] == [[app.id]]
+        assert memory.verify_log().ok
+
+
+def test_the_v12_rescope_does_not_wait_for_a_missing_signing_key(store_path: Path) -> None:
+    """Like a read's audit entry: the store opens (its key may be on its way back), the
+    scopes stop naming the erased user at once, and the entry is covered once it is back."""
+    app, *_ = _erased_accounts_in_two_tenants(store_path)
+    key = store_path.with_name(store_path.name + ".signing-key")
+    key.rename(key.with_name("away"))
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert [a.entry.fields["principals"] for a in memory.audit_entries(actor=SYSTEM)] == [[app.id]]
+        assert not memory.verify_log().ok  # uncovered until the key returns
+    assert b"cust_qzold" not in b"".join(p.read_bytes() for p in store_files(store_path))
+    key.with_name("away").rename(key)
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        memory.remember("a later write", subject="a")
+        assert memory.verify_log().ok
 
 
 def test_requests_from_before_v9_stay_the_whole_tenants(store_path: Path) -> None:

@@ -31,12 +31,7 @@ from .access.audit import AuditEntry
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
-from .access.principals import (
-    Capability,
-    Principal,
-    Role,
-    rescope_erased_accounts,
-)
+from .access.principals import Capability, Principal, Role
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
 from .crypto.keystore import KeyStore, _frame
 from .crypto.master import MASTER_KEY_BYTES, MasterKeySource, default_key_file, from_file, write_key_file
@@ -211,7 +206,7 @@ class Memory:
             self._hash_index_terms()
         erased = self.backend.erased_accounts()
         if erased is not None:
-            rescope_erased_accounts(self, erased)
+            admin.rescope_erased_accounts(self, erased)
         if self.backend.scrub_pending():
             # A removal committed, then its process died before the scrub (or a reader
             # held it off). Without waiting: a reader still there would stall every open;
@@ -506,9 +501,10 @@ class Memory:
         certificates and ``close()`` sign whatever is not yet covered; a tail a crash
         left uncovered stays visible to `log verify` until the next checkpoint.
 
-        ``audit_only`` transactions (a call's audit entry and nothing else) go ahead
-        without the signing key: a read must not go unrecorded because the key is
-        missing, and its entry stays uncovered, failing `log verify`, until it returns.
+        ``audit_only`` transactions (a call's audit entry and nothing else, or an
+        upgrade's rewrite as the store opens) go ahead without the signing key: a read
+        must not go unrecorded because the key is missing, and its entry stays uncovered,
+        failing `log verify`, until it returns.
         """
         if self.log.signer is None and self._shared.keys_announced and not audit_only:
             # Writing on would leave entries no checkpoint covers, and verification failing.
@@ -1327,8 +1323,10 @@ class Memory:
 
         ``dry_run`` only reports the blast radius (and, with ``issue_token``, returns a
         single-use confirmation token). A repeated ``request_id`` returns the earlier
-        result. See :mod:`deleatur.erasure.engine`. An agent principal must always
-        confirm with the token of a dry run.
+        result; a failed one may be retried, by any ``requester`` (one line; or, for a
+        request an older release recorded with one of several lines, that one). See
+        :mod:`deleatur.erasure.engine`. An agent principal must always confirm with the
+        token of a dry run.
         """
         self._name_subject(subject)
         return erase(

@@ -64,6 +64,14 @@ def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str
 MAX_WHO_CHARS = 512
 
 
+def one_line(value: str) -> str:
+    """``value`` as one line: each control character (a line break, a tab) a space, and
+    each run of spaces one, trimmed. How an actor or requester stored before it had to be
+    one line is read today (a principal's name, a retried request's requester)."""
+    shown = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in value)
+    return " ".join(shown.split())
+
+
 def check_who(value: object, what: str, *, missing: str) -> str:
     """Who acted (an actor) or asked (a requester), trimmed: one line, since a line
     break would let a record or an audit view show someone else on a line of its own

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
 from ..model import check_items, check_tenant, check_type, erased_ref
-from .calls import deny, refused_key
+from .calls import deny, refused_key, system_entry
 from .principals import (
     Principal,
     Role,
@@ -16,6 +16,7 @@ from .principals import (
     digest_matches,
     new_api_key,
     parse_role,
+    rescope,
     split_api_key,
 )
 
@@ -103,3 +104,24 @@ def revoke(memory: Memory, principal_id: str) -> None:
     with memory._logged():
         if not memory.backend.revoke_principal(memory.tenant, principal_id, memory._clock()):
             raise NotFoundError(f"no active principal {principal_id!r} in tenant {memory.tenant!r}")
+
+
+def rescope_erased_accounts(memory: Memory, erased: list[tuple[str, list[str]]]) -> None:
+    """Once, on opening a store an older release erased accounts in (see schema._v12):
+    what :func:`~deleatur.access.principals.rescope_erased_user` does today, for the
+    accounts it erased then. The rewrite commits with an entry per tenant it changed, as
+    every other change to a principal is logged: the system's ``principal.rescope`` call,
+    naming the principals changed and the erased users by token (never by id)."""
+    by_tenant: dict[str, set[str]] = {}
+    for tenant, users in erased:
+        by_tenant.setdefault(tenant, set()).update(users)
+    # audit_only: the rewrite goes ahead without the signing key, as a read's entry does
+    # (its entry waits for the next checkpoint): a store whose key is being restored must
+    # still open, and these scopes name erased users in clear until it is done.
+    with memory._logged(audit_only=True) as events:
+        for tenant, refs in sorted(by_tenant.items()):
+            changed, replaced = rescope(memory, tenant, refs)
+            if changed:
+                extra = {"principals": sorted(changed), "upgrade": 12}  # the schema version that asked
+                events.append((system_entry(memory, "principal.rescope", tenant, replaced, **extra), None))
+        memory.backend.rescoped_erased()

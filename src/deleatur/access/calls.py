@@ -232,17 +232,38 @@ def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any]
 
 
 def entry(memory: Memory, call: Call) -> Entry:
+    principal = memory.principal
+    # Users as opaque per-tenant tokens: a user id can name a person.
+    users = None if call.users is None else {memory._user_token(u) for u in call.users}
+    return _entry(memory, call, actor=principal.id, role=principal.role.value, tenant=memory.tenant, users=users)
+
+
+#: The actor, and role, of a change the store makes by itself, which no principal asked
+#: for and no person made: an upgrade's, as the store is opened.
+SYSTEM = "system"
+
+
+def system_entry(memory: Memory, action: str, tenant: str, user_refs: Iterable[str], **extra: Any) -> Entry:
+    """The entry of a change the store made by itself in ``tenant``: a ``call`` entry, as
+    every other change to principals leaves, whose actor and role are :data:`SYSTEM`. It
+    names the users reached by the tokens every other entry names them by (``user_refs``
+    are their blind references, hex, as erasure requests keep them), never by id."""
+    users = {memory.keys.index.token("user", bytes.fromhex(ref)) for ref in user_refs}
+    call = Call(action, memory._ids.new(), None, extra=extra)
+    return _entry(memory, call, actor=SYSTEM, role=SYSTEM, tenant=tenant, users=users)
+
+
+def _entry(memory: Memory, call: Call, *, actor: str, role: str, tenant: str, users: set[str] | None) -> Entry:
     fields: dict[str, Any] = {
         "action": call.action,
-        "actor": memory.principal.id,
-        "role": memory.principal.role.value,
-        "tenant": memory.tenant,
+        "actor": actor,
+        "role": role,
+        "tenant": tenant,
         "outcome": call.outcome,
         "request": call.request,
     }
-    if call.users is not None:
-        # Users as opaque per-tenant tokens: a user id can name a person.
-        fields["users"] = sorted({memory._user_token(u) for u in call.users})
+    if users is not None:
+        fields["users"] = sorted(users)
     if call.subject is not None:
         fields["subject"], fields["sealed"] = call.subject
     if call.error is not None:

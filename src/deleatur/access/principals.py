@@ -14,13 +14,12 @@ import hashlib
 import hmac
 import json
 import re
-import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, InvalidInputError
-from ..model import ERASED_USER, Space, check_name, check_type, erased_ref
+from ..model import ERASED_USER, Space, check_name, check_type, erased_ref, one_line
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -89,8 +88,7 @@ class Principal:
     def who(self) -> str:
         """The name as one line, as actors and requesters are kept: a principal named
         before names had to be one line may hold a line break, and must still act."""
-        shown = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in self.name)
-        return " ".join(shown.split()) or self.id
+        return one_line(self.name) or self.id
 
     @property
     def capabilities(self) -> frozenset[Capability]:
@@ -160,37 +158,32 @@ def digest_matches(stored: bytes, secret_text: str) -> bool:
 def rescope_erased_user(memory: Memory, user_id: str) -> int:
     """An account erasure's: the principals scoped to the erased user keep that scope only
     by the user's blind reference, so no principal names the user any more, and each
-    covers the same user ids as before. Inside the erasure's transaction; returns how many."""
-    return _rescope(memory, memory.tenant, {memory._user_ref(user_id)})
+    covers the same user ids as before. Inside the erasure's transaction (its call entry
+    records the change); returns how many."""
+    changed, _ = rescope(memory, memory.tenant, {memory._user_ref(user_id)})
+    return len(changed)
 
 
-def rescope_erased_accounts(memory: Memory, erased: list[tuple[str, list[str]]]) -> None:
-    """Once, on opening a store an older release erased accounts in (see schema._v12):
-    what :func:`rescope_erased_user` does today, for the accounts it erased then."""
-    by_tenant: dict[str, set[str]] = {}
-    for tenant, users in erased:
-        by_tenant.setdefault(tenant, set()).update(users)
-    with memory.backend.atomic():
-        for tenant, refs in by_tenant.items():
-            _rescope(memory, tenant, refs)
-        memory.backend.rescoped_erased()
-
-
-def _rescope(memory: Memory, tenant: str, refs: set[str]) -> int:
+def rescope(memory: Memory, tenant: str, refs: set[str]) -> tuple[list[str], set[str]]:
     """Replace, in the tenant's principals' scopes, each user id whose blind reference is
-    one of ``refs`` by its marker; returns how many principals changed."""
+    one of ``refs`` by its marker. Returns the ids of the principals changed, and the
+    references of the users whose scopes were replaced."""
+    replaced: set[str] = set()
 
     def kept(scope: str) -> str:
         if erased_ref(scope) is not None:
             return scope
         ref = memory.keys.index.ref("user", tenant, scope).hex()
-        return ERASED_USER + ref if ref in refs else scope
+        if ref not in refs:
+            return scope
+        replaced.add(ref)
+        return ERASED_USER + ref
 
-    changed = 0
+    changed = []
     for row in memory.backend.principals(tenant):
         scopes = [] if row["scopes"] is None else json.loads(row["scopes"])
         rescoped = [kept(s) for s in scopes]
         if rescoped != scopes:
             memory.backend.set_principal_scopes(tenant, str(row["id"]), json.dumps(sorted(set(rescoped))))
-            changed += 1
-    return changed
+            changed.append(str(row["id"]))
+    return changed, replaced

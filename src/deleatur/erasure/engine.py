@@ -11,6 +11,7 @@ nothing is erased, or the records are gone and the keys follow.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -32,6 +33,7 @@ from ..model import (
     check_type,
     check_who,
     forget_cached_subjects,
+    one_line,
 )
 from .plan import ErasurePlan, build_plan
 from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users
@@ -178,6 +180,24 @@ def pending_key_ids(memory: Memory) -> set[bytes]:
     return {bytes.fromhex(key) for keys in memory.backend.pending_key_lists() for key in json.loads(keys)}
 
 
+def _check_requester(requester: object, request_id: str, *, retry: bool) -> tuple[str, InvalidInputError | None]:
+    """The requester as :func:`check_who` keeps it, and None. Releases before requesters had
+    to be one line took ones of several lines, and the requests they left may be retried (a
+    failed one) or repeated: a requester check_who refuses comes back in its one-line form,
+    with the refusal, which :func:`erase` raises unless the request id names a request whose
+    requester has that same one-line form. The id is looked up under the lock, as for every
+    other check of it, not here: a caller without a token must learn nothing of the ids in use."""
+    try:
+        return check_who(requester, "requester", missing="an erasure needs a requester"), None
+    except InvalidInputError as exc:
+        exc.request_id = request_id
+        refused = exc
+    if retry and isinstance(requester, str):
+        with contextlib.suppress(InvalidInputError):  # blank or too long as one line too
+            return check_who(one_line(requester), "requester", missing=refused.message), refused
+    raise refused
+
+
 def erase(
     memory: Memory,
     *,
@@ -201,11 +221,7 @@ def erase(
     if not isinstance(basis, str) or not basis.strip():
         raise InvalidInputError("an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'", request_id=request_id)
     check_note(basis, "basis")
-    try:
-        requester = check_who(requester, "requester", missing="an erasure needs a requester")
-    except InvalidInputError as exc:
-        exc.request_id = request_id
-        raise
+    requester, refused = _check_requester(requester, request_id, retry=not dry_run)
     canonical = None if subject is None else canonical_subject(subject)
     if canonical is None and scope.user_id is None and retention is None:
         # A peer's delete_all with no filter wiped every user: never here.
@@ -267,6 +283,8 @@ def erase(
             # Read under the write lock: two callers with one request id erase once.
             existing = memory.backend.get_request(memory.tenant, request_id)
             earlier = None if existing is None else ErasureRequest.from_row(existing)
+            if refused is not None and (earlier is None or one_line(earlier.requester) != requester):
+                raise refused
             if earlier is not None and earlier.fingerprint != fingerprint:
                 raise RequestIdReusedError(
                     f"request id {request_id} was used for a different erasure", request_id=request_id
@@ -359,8 +377,9 @@ def erase(
         # erasure retried) must not be replaced by a failure, nor wait for the lock again.
         raise
     except DeleaturError as exc:
-        with memory.backend.atomic():
-            memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
+        if exc is not refused:  # a refused requester records no request, here as above
+            with memory.backend.atomic():
+                memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise
     forget_cached_subjects()
     if others_pending:

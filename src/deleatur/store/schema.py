@@ -231,7 +231,8 @@ def _v12(conn: apsw.Connection) -> None:
     tokens' plan digests were plain hashes (of a subject's name, among others): they go
     (a token lives 15 minutes; one issued before the upgrade is then unknown). API keys
     scoped to an account it erased named the user: the store is marked, and opening it
-    with the master key keeps those scopes by reference (``Memory``), then unmarks it."""
+    with the master key keeps those scopes by reference, with a log entry of the rewrite
+    (``admin.rescope_erased_accounts``), then unmarks it."""
     conn.execute("DELETE FROM erasure_confirmations").fetchall()
     # The requests are listed a page at a time, in the order received.
     conn.execute(
