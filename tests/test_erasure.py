@@ -11,7 +11,16 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import DataKeyDestroyedError, InvalidInputError, Memory, NotFoundError, Role, Space, from_bytes
+from deleatur import (
+    DataKeyDestroyedError,
+    DeleaturError,
+    InvalidInputError,
+    Memory,
+    NotFoundError,
+    Role,
+    Space,
+    from_bytes,
+)
 from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, ErasureResult
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
@@ -209,6 +218,24 @@ def test_a_failure_recorded_late_never_replaces_the_erasure_that_ran(
         _erase(memory, "jo smith", request_id="R-1")
     assert ran and ran[0].status is RequestStatus.COMPLETE
     assert memory.erasure_request("R-1") == ran[0]
+
+
+def test_a_failure_before_the_id_is_checked_never_replaces_another_erasures_request(memory: Memory) -> None:
+    """An erasure of someone else under a failed request's id, failing before it can find
+    that the id names another erasure (here: the log cannot be signed), records nothing
+    over that request, whose own retry then goes through."""
+    memory.remember("one", subject="Jo Smith")
+    memory.remember("two", subject="JO SMITH")
+    with pytest.raises(AmbiguousSubjectError):
+        _erase(memory, "jo smith", request_id="R-1")
+    before = memory.erasure_request("R-1")
+    signer, memory.log.signer = memory.log.signer, None  # the signing key is missing
+    with pytest.raises(DeleaturError):
+        memory.erase("Somebody Else", request_id="R-1", basis="another basis", requester="intruder")
+    memory.log.signer = signer
+    assert memory.erasure_request("R-1") == before
+    done = _erase(memory, "jo smith", request_id="R-1", allow_ambiguous=True).request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE and done.requester == "dpo@example"
 
 
 def test_a_request_an_older_release_recorded_with_a_multi_line_requester_can_be_retried(memory: Memory) -> None:

@@ -46,6 +46,7 @@ def _version(path: Path) -> int:
 
 def _undo_v13(conn: apsw.Connection) -> None:
     """The erasure requests as v12 left them: not numbered, indexed by time of receipt."""
+    conn.execute("DROP TRIGGER erasure_requests_numbered")
     conn.execute("DROP INDEX erasure_requests_seq")
     conn.execute("ALTER TABLE erasure_requests DROP COLUMN seq")
     conn.execute("CREATE INDEX erasure_requests_received ON erasure_requests(tenant, received_at, id)")
@@ -281,6 +282,34 @@ def test_a_v12_store_keeps_listing_its_requests_in_the_order_it_did(store_path: 
     conn = apsw.Connection(str(store_path))
     assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'erasure_requests_received'").fetchall() == []
     conn.close()
+
+
+def test_requests_an_older_release_writes_beside_the_upgrade_stay_listed(store_path: Path) -> None:
+    """A v12 process still running after another one upgraded the store writes requests
+    without a number, and its INSERT OR REPLACE drops the number of the row it replaces:
+    numbered at the end of the list, every request stays reachable page by page."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        for request_id in ("R-1", "R-2", "R-3"):
+            memory.erase("Nobody", request_id=request_id, basis="Art. 17(1)(a)", requester="dpo")
+    conn = apsw.Connection(str(store_path))
+    v12_columns = [c for (c,) in conn.execute("SELECT name FROM pragma_table_info('erasure_requests')") if c != "seq"]
+    listed = ", ".join(v12_columns)
+    for source, new_id in (("R-1", "OLD-NEW"), ("R-2", "R-2")):  # a new request, and a settle's rewrite
+        conn.execute(
+            f"INSERT OR REPLACE INTO erasure_requests({listed})"
+            f" SELECT {listed.replace('id, ', '? AS id, ', 1)} FROM erasure_requests WHERE id = ?",
+            (new_id, source),
+        )
+    assert conn.execute("SELECT count(*) FROM erasure_requests WHERE seq IS NULL").fetchall() == [(0,)]
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert [r.id for r in memory.erasure_requests()] == ["R-1", "R-3", "OLD-NEW", "R-2"]
+        paged, after = [], None
+        while page := memory.erasure_requests(limit=1, after=after):
+            paged.append(page[0].id)
+            after = page[0].id
+        assert paged == ["R-1", "R-3", "OLD-NEW", "R-2"]
 
 
 def _as_v11_left_it(store_path: Path, scopes: dict[str, list[str]]) -> None:

@@ -262,6 +262,15 @@ def _v13(conn: apsw.Connection) -> None:
     # IF EXISTS: a store migrated to v12 before v12 made this index has none.
     conn.execute("DROP INDEX IF EXISTS erasure_requests_received").fetchall()
     conn.execute("CREATE UNIQUE INDEX erasure_requests_seq ON erasure_requests(tenant, seq)").fetchall()
+    # An older release still running beside the upgrade writes requests without a number
+    # (and its INSERT OR REPLACE drops the number of the row it replaces): numbered here,
+    # at the end of the list, they stay listed rather than sort first and end the pages.
+    conn.execute(
+        "CREATE TRIGGER erasure_requests_numbered AFTER INSERT ON erasure_requests WHEN NEW.seq IS NULL BEGIN"
+        " UPDATE erasure_requests SET seq ="
+        " (SELECT coalesce(max(seq), 0) + 1 FROM erasure_requests WHERE tenant = NEW.tenant)"
+        " WHERE tenant = NEW.tenant AND id = NEW.id; END"
+    ).fetchall()
 
 
 #: MIGRATIONS[n] turns a version n-1 store into version n.

@@ -535,11 +535,13 @@ class SQLiteBackend:
             # Not INSERT OR REPLACE: the request keeps its number, so a cursor naming it
             # keeps its place, and its first receipt, which its deadline runs from.
             # A failure, recorded after its transaction was rolled back, never replaces
-            # what another caller's erasure under the same id committed meanwhile.
+            # what another caller's erasure under the same id committed meanwhile, nor
+            # (failing before it could compare them) a request for a different erasure.
             changed = ", ".join(f"{c} = excluded.{c}" for c in row if c not in ("tenant", "id", "received_at"))
             sql += (
                 f" ON CONFLICT (tenant, id) DO UPDATE SET {changed}"
-                " WHERE excluded.status != 'failed' OR erasure_requests.status = 'failed'"
+                " WHERE excluded.fingerprint IS erasure_requests.fingerprint"
+                " AND (excluded.status != 'failed' OR erasure_requests.status = 'failed')"
             )
         self._conn.execute(sql, (*row.values(), row["tenant"]))
 
