@@ -175,6 +175,11 @@ def test_a_key_store_of_the_previous_release_gains_its_marks(store_path: Path) -
         assert memory.get(kept.id).text == "written before"
         memory.remember("written after", subject="Bo")
         assert _marks(memory) == 1
+        # The older release, still running, destroys Bo's key (an erasure) and not its mark.
+        memory.keys._conn.execute("DELETE FROM data_keys WHERE subject_ref = ?", (memory._subject_ref("bo"),))
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert _marks(memory) == 0  # the mark of a key that is gone goes too
+        assert memory.get(kept.id).text == "written before"
 
 
 SUBJECTS = 60
