@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
@@ -13,6 +16,7 @@ import pytest
 
 from deleatur import (
     AccessDeniedError,
+    KeyStoreError,
     MasterKeyError,
     Memory,
     NotADeleaturStoreError,
@@ -157,6 +161,86 @@ def test_key_store_of_another_store_is_refused(tmp_path: Path) -> None:
         Memory.open(b, from_bytes(MASTER))
 
 
+def _files_open_under(directory: Path) -> list[str]:
+    """What this process holds open in ``directory`` (Linux: /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed meanwhile
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{directory}{os.sep}"):
+                found.append(target)
+    return sorted(found)
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"not a database " * 300)
+
+
+def _foreign(path: Path) -> None:
+    path.unlink()
+    conn = apsw.Connection(str(path))
+    conn.execute("CREATE TABLE users(name)")
+    conn.close()
+
+
+def _newer(path: Path) -> None:
+    conn = apsw.Connection(str(path))
+    conn.execute(f"PRAGMA user_version = {max(schema.MIGRATIONS) + 1}")
+    conn.close()
+
+
+def _other_stores_keys(path: Path) -> None:
+    other = path.with_name("other.db")
+    Memory.open(other, from_bytes(MASTER), create=True).close()
+    path.write_bytes(other.with_name("other.db.keys").read_bytes())
+    for part in store_files(other):
+        part.unlink()
+
+
+def _other_stores_signing_key(path: Path) -> None:
+    other = path.with_name("other.db")
+    with Memory.open(other, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+    path.write_bytes(other.with_name("other.db.signing-key").read_bytes())
+    for part in store_files(other):
+        part.unlink()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+@pytest.mark.parametrize(
+    ("part", "damage", "error"),
+    [
+        ("", _garbage, NotADeleaturStoreError),
+        ("", _foreign, NotADeleaturStoreError),
+        ("", _newer, SchemaVersionError),
+        (".keys", Path.unlink, MasterKeyError),  # the store opens, its key store is missing
+        (".keys", _garbage, NotADeleaturStoreError),
+        (".keys", _foreign, NotADeleaturStoreError),
+        (".keys", _other_stores_keys, MasterKeyError),
+        (".keys", lambda path: (path.unlink(), path.mkdir()), StoreError),
+        (".signing-key", _other_stores_signing_key, KeyStoreError),  # both open; the handle fails
+        ("master", None, MasterKeyError),  # the wrong master key
+    ],
+)
+def test_a_failed_open_leaves_no_file_open(
+    tmp_path: Path, part: str, damage: Callable[[Path], object] | None, error: type[Exception]
+) -> None:
+    """Whichever file fails to open, or the handle that would use them both, every file
+    opened before is closed: still while the error is held (a server logging it), not
+    when the garbage collector gets to it."""
+    store = tmp_path / "m.db"
+    with Memory.open(store, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("a note", subject="Ann")
+    if damage is not None:
+        damage(store.with_name(store.name + part))
+    master = from_bytes(bytes(32)) if part == "master" else from_bytes(MASTER)
+    assert _files_open_under(tmp_path) == []
+    with pytest.raises(error) as raised:
+        Memory.open(store, master)
+    assert _files_open_under(tmp_path) == [], raised.value
+
+
 def test_init_refuses_to_overwrite_and_cleans_up_after_failure(tmp_path: Path) -> None:
     store = tmp_path / "m.db"
     Memory.init(store)[0].close()
@@ -174,6 +258,8 @@ def test_init_refuses_to_overwrite_and_cleans_up_after_failure(tmp_path: Path) -
     with pytest.raises(RuntimeError, match="injected failure"):
         Memory.init(fresh, from_bytes(MASTER), random=failing_random)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("fresh.db")] == []
+    if Path("/proc/self/fd").is_dir():
+        assert _files_open_under(tmp_path) == []  # removed, and closed: not held open unlinked
 
 
 @pytest.mark.parametrize(

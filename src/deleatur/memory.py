@@ -41,7 +41,15 @@ from .decisions.snapshots import explain as explain_decision
 from .decisions.snapshots import record as record_decision
 from .decisions.snapshots import redact as redact_decisions
 from .erasure.certificate import build_certificate
-from .erasure.engine import ErasureResult, erase, finish_all_pending, get_request, pending_key_ids, settle
+from .erasure.engine import (
+    ErasureResult,
+    collect_unused_keys,
+    erase,
+    finish_all_pending,
+    get_request,
+    pending_key_ids,
+    settle,
+)
 from .erasure.requests import ErasureRequest, check_request_id
 from .erasure.residue import ResidueHit, scan
 from .errors import (
@@ -51,6 +59,7 @@ from .errors import (
     InvalidInputError,
     KeyStoreError,
     NotFoundError,
+    StoreBusyError,
     StoreError,
 )
 from .ids import IdGenerator, check_record_id
@@ -194,8 +203,10 @@ class Memory:
         self._calls = threading.local()  # this thread's calls in progress, innermost last
         self._owner = True
         # An erasure whose records were deleted but whose keys a crash kept alive
-        # is finished before anything else happens.
+        # is finished before anything else happens; so are data keys made for writes
+        # that a crash cut off before their records committed.
         finish_all_pending(self)
+        collect_unused_keys(self)
         signer = self.log.signer
         self._key_announced_at_open = signer is not None and not self._shared.keys_announced
         if signer is not None and self._key_announced_at_open:
@@ -443,6 +454,12 @@ class Memory:
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
         calls.leave(self, call, error)
+        if self.keys.unsettled and self._current is None and not isinstance(error, StoreBusyError):
+            # Keys this call made for a write that did not commit (refused or failed under
+            # the lock) go now. With a lock held elsewhere they wait for a later call's end,
+            # or the next open.
+            with contextlib.suppress(StoreBusyError):
+                collect_unused_keys(self, self.keys.unsettled)
 
     def _deny(self, message: str, missing: str) -> AccessDeniedError:
         return calls.deny(self, message, missing)
@@ -946,7 +963,8 @@ class Memory:
                 for item in batch
             ]
             self.backend.insert_many(pending)
-            return records
+        self.keys.used(key_id for _, key_id, _ in keys.values())
+        return records
 
     def _check_writable(
         self, subject_refs: Iterable[bytes], sources: builtins.list[StoredRow], for_legal_claim: bool
@@ -962,8 +980,8 @@ class Memory:
 
     def _data_keys(self, subject_refs: Mapping[str, bytes]) -> dict[str, tuple[bytes, bytes, AESGCM]]:
         """Each subject's (subject_ref, key_id, key), by canonical subject, made before the
-        write transaction: a data key whose records never commit is harmless, a record
-        without its key is not."""
+        write transaction: a record without its key would be lost, while a key whose records
+        never commit is only collected later (see collect_unused_keys)."""
         return {
             canonical: (ref, *self.keys.key_for_subject(self.tenant, ref)) for canonical, ref in subject_refs.items()
         }
@@ -971,12 +989,14 @@ class Memory:
     def _live_keys(
         self, keys: dict[str, tuple[bytes, bytes, AESGCM]], seen: int | None = None
     ) -> dict[str, tuple[bytes, bytes, AESGCM]]:
-        """Under the write lock: never write under a key an erasure has destroyed or has
-        committed to destroy. Such a key is destroyed now and the subject gets a new one.
+        """Under the write lock: never write under a key an erasure (or a collection of
+        unused keys) has destroyed or has committed to destroy. Such a key is destroyed now
+        and the subject gets a new one.
 
         ``seen`` is the store's data_version from before the keys were read: if no other
-        connection has committed since, no erasure finished meanwhile, and a key that was
-        there then is there now unless it is pending (which is checked regardless).
+        connection has committed since, no erasure or collection finished meanwhile (each
+        commits to the store after destroying keys), and a key that was there then is there
+        now unless it is pending (which is checked regardless).
         """
         pending = pending_key_ids(self)
         recheck = seen is None or self.backend.data_version() != seen

@@ -154,6 +154,7 @@ def connect(
             pass
         except OSError as exc:
             raise StoreError(f"cannot open {path}: {exc.strerror}") from None
+    conn = None
     try:
         conn = apsw.Connection(str(path), flags=flags)
         conn.set_busy_handler(_busy_handler())
@@ -165,12 +166,7 @@ def connect(
         # this, every full-text cursor was re-prepared once per segment but one: 13 to 49 %
         # of a recall's ranking instructions at 10k to 1M records (BENCHMARKS.md).
         conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
-        conn.execute("PRAGMA schema_version").fetchall()
-    except apsw.NotADBError:
-        raise NotADeleaturStoreError(f"{path} is not a deleatur store (not an SQLite database)") from None
-    except apsw.CantOpenError:
-        raise StoreError(f"cannot open {path}") from None
-    try:
+        conn.execute("PRAGMA schema_version").fetchall()  # reads the header: is it SQLite?
         if identify is not None:
             identify(conn)
         _pragma(conn, "secure_delete", "ON", 1)
@@ -180,10 +176,17 @@ def connect(
         _pragma(conn, "synchronous", "FULL" if full_sync else "NORMAL", 2 if full_sync else 1)
         _pragma(conn, "temp_store", "MEMORY", 2)
         _pragma(conn, "wal_autocheckpoint", str(WAL_AUTOCHECKPOINT_PAGES), WAL_AUTOCHECKPOINT_PAGES)
-    except BaseException:
-        conn.close()
+        return conn
+    except BaseException as exc:
+        # Closed here, not left to the garbage collector: the file would stay open for as
+        # long as the caller keeps the error (whose traceback holds the connection).
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, apsw.NotADBError):
+            raise NotADeleaturStoreError(f"{path} is not a deleatur store (not an SQLite database)") from None
+        if isinstance(exc, apsw.CantOpenError):
+            raise StoreError(f"cannot open {path}") from None
         raise
-    return conn
 
 
 @contextmanager

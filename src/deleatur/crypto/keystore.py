@@ -7,6 +7,12 @@ records, including database backups taken before, becomes unreadable.
 
 The key store holds no subject names: rows are found by ``subject_ref``, a keyed
 blind index (HMAC-SHA-256 under a key derived from the master key).
+
+A key is made before the records it is for commit in the other file, so a crash (or a
+write refused under the store's lock) can leave a key for a subject the store holds
+nothing on. Every new key is therefore marked *unconfirmed* in the same transaction
+that makes it; the mark is dropped once records under it are seen committed, and a
+key still marked with nothing under it is destroyed (``erasure.engine.collect_unused_keys``).
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ from ..sqlitefile import connect, data_version, immediate, is_ours, repeatable, 
 from .master import MasterKeySource
 
 KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
-KEYSTORE_SCHEMA_VERSION = 1
+KEYSTORE_SCHEMA_VERSION = 2  # 2: unconfirmed_keys
 _CHECK_PLAINTEXT = b"deleatur master key check v1"
 _NONCE = 12
 _CACHE_SIZE = 4096
 _SEAL_AAD = b"deleatur/sealed/v1\n"
 _LENGTH = struct.Struct(">I")
+#: Keys made for a write whose records have not been seen committed (see the module's doc).
+_UNCONFIRMED_TABLE = "CREATE TABLE IF NOT EXISTS unconfirmed_keys(key_id BLOB PRIMARY KEY) WITHOUT ROWID"
 
 
 def _hkdf(master: bytes, info: bytes) -> bytes:
@@ -91,6 +99,12 @@ class KeyStore:
         # the file: another connection (a server's other handle, a CLI) may destroy a key.
         self._by_id: OrderedDict[bytes, tuple[AESGCM, int]] = OrderedDict()
         self._version = data_version(self._conn)
+        #: Keys this handle made that no write of its own has yet committed records under:
+        #: at the end of each call, those left are checked and, if unused, destroyed.
+        self.unsettled: set[bytes] = set()
+        # Marks of keys whose records this handle committed, dropped in its next write
+        # transaction on the key store rather than in one of their own.
+        self._unmark_later: set[bytes] = set()
 
     @classmethod
     def open(
@@ -140,6 +154,7 @@ class KeyStore:
                     " subject_ref BLOB NOT NULL, wrapped BLOB NOT NULL, created_at INTEGER NOT NULL,"
                     " UNIQUE(tenant, subject_ref))"
                 )
+                conn.execute(_UNCONFIRMED_TABLE)
                 conn.executemany(
                     "INSERT INTO meta(k, v) VALUES (?, ?)",
                     [("store_id", store_id.encode()), ("kdf_salt", salt), ("master_check", check)],
@@ -155,6 +170,12 @@ class KeyStore:
             wrap.decrypt(check[:_NONCE], check[_NONCE:], store_id.encode())
         except InvalidTag:
             raise MasterKeyError(f"wrong master key for {path} (from {master.description})") from None
+        if conn.execute("PRAGMA user_version").fetchall() == [(1,)]:
+            with immediate(conn):
+                # An older release's key store: no mark for its keys, all made before (and a
+                # key it makes while both releases run goes unmarked: kept, as it always was).
+                conn.execute(_UNCONFIRMED_TABLE)
+                conn.execute(f"PRAGMA user_version = {KEYSTORE_SCHEMA_VERSION}")
         return key
 
     def _aad(self, key_id: bytes, tenant: str, subject_ref: bytes) -> bytes:
@@ -202,6 +223,7 @@ class KeyStore:
         row = self._conn.execute(
             "SELECT key_id, wrapped FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
         ).fetchone()
+        made: bytes | None = None
         if row is None:
             # A retry of the call finds this key made and uses it (sqlitefile.first_try).
             with repeatable(), self._locked("no key was made"):
@@ -221,7 +243,13 @@ class KeyStore:
                         " VALUES (?, ?, ?, ?, ?)",
                         (key_id, tenant, subject_ref, wrapped, self._clock()),
                     )
+                    self._conn.execute("INSERT INTO unconfirmed_keys(key_id) VALUES (?)", (key_id,))
+                    self._drop_marks(self._unmark_later)
                     row = (key_id, wrapped)
+                    made = key_id
+            if made is not None:  # committed
+                self._unmark_later.clear()
+                self.unsettled.add(made)
         key_id, wrapped = bytes(row[0]), bytes(row[1])
         cached = self._by_id.get(key_id)
         if cached is not None:
@@ -320,8 +348,9 @@ class KeyStore:
     def has_key_id(self, key_id: bytes) -> bool:
         return self._conn.execute("SELECT 1 FROM data_keys WHERE key_id = ?", (key_id,)).fetchone() is not None
 
-    def destroy_ids(self, key_ids: Iterable[bytes]) -> int:
-        """Crypto-shred by key id: a key made for the subject after the erasure is spared."""
+    def destroy_ids(self, key_ids: Iterable[bytes], *, wait: bool = True) -> int:
+        """Crypto-shred by key id: a key made for the subject after the erasure is spared.
+        ``wait``: whether the scrub that follows waits for a reader of the key store."""
         ids = list(key_ids)
         if not ids:
             return 0
@@ -331,10 +360,48 @@ class KeyStore:
                 is not None
                 for key_id in ids
             )
+            self._drop_marks(ids)
         for key_id in ids:
             self._by_id.pop(key_id, None)
-        self.scrub()  # an erasure's settle() checks again, and says if a reader prevented it
+        self.unsettled.difference_update(ids)
+        self.scrub(wait=wait)  # an erasure's settle() checks again, and says if a reader prevented it
         return gone
+
+    def used(self, key_ids: Iterable[bytes]) -> None:
+        """Records under these keys have just committed: their marks can go (in this
+        handle's next write transaction on the key store, which costs the write nothing)."""
+        if not self.unsettled:
+            return
+        for key_id in key_ids:
+            if key_id in self.unsettled:
+                self.unsettled.discard(key_id)
+                self._unmark_later.add(key_id)
+
+    def unconfirmed(self, key_ids: Iterable[bytes] | None = None) -> list[tuple[bytes, str | None, bytes | None]]:
+        """The marked keys (of ``key_ids``, or all) as (key_id, tenant, subject_ref); a mark
+        whose key is gone (an older release destroyed it) has no tenant or reference."""
+        sql = (
+            "SELECT u.key_id, k.tenant, k.subject_ref FROM unconfirmed_keys u"
+            " LEFT JOIN data_keys k ON k.key_id = u.key_id"
+        )
+        if key_ids is None:
+            rows = list(self._conn.execute(sql))
+        else:
+            rows = [row for key_id in key_ids for row in self._conn.execute(sql + " WHERE u.key_id = ?", (key_id,))]
+        return [(bytes(k), None if t is None else str(t), None if r is None else bytes(r)) for k, t, r in rows]
+
+    def unmark(self, key_ids: Iterable[bytes]) -> None:
+        """Drop the marks of keys found in use, now."""
+        ids = [*key_ids, *self._unmark_later]
+        if not ids:
+            return
+        with self._locked("no mark was dropped"):
+            self._drop_marks(ids)
+        self._unmark_later.clear()
+        self.unsettled.difference_update(ids)
+
+    def _drop_marks(self, key_ids: Iterable[bytes]) -> None:
+        self._conn.executemany("DELETE FROM unconfirmed_keys WHERE key_id = ?", ((key_id,) for key_id in key_ids))
 
     def scrub(self, *, wait: bool = True) -> bool:
         """Empty the key store's -wal, which still holds destroyed keys' pages after the

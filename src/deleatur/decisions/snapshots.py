@@ -82,8 +82,10 @@ class Decision:
         return cls(dict(data["decision"]), data["sha256"], data["signed_by"])
 
 
-def _summary_key_ref(memory: Memory) -> bytes:
-    return memory.keys.index.ref("decision-summaries", memory.tenant)
+def summary_key_ref(memory: Memory, tenant: str) -> bytes:
+    """The reference of ``tenant``'s key for decision summaries: a data key that names no
+    one, which no erasure destroys and no collection of unused keys either."""
+    return memory.keys.index.ref("decision-summaries", tenant)
 
 
 def _seal(memory: Memory, subject_ref: bytes, value: Any) -> str:
@@ -137,7 +139,7 @@ def record(
         sealed.append({**hidden, "sealed": _seal(memory, row.subject_ref, [rec.key, rec.text, salt])})
     check_writable(memory, refs, for_legal_claim=for_legal_claim)
     # The summary key is a data key like a subject's, under a blind reference of the tenant.
-    summary_ref = _summary_key_ref(memory)
+    summary_ref = summary_key_ref(memory, memory.tenant)
     memory.keys.key_for_subject(memory.tenant, summary_ref)
     now = memory._clock()
     body = {

@@ -7,6 +7,9 @@ is committed as ``keys_pending`` with the keys to destroy, in the same
 transaction that deletes the records; the keys are destroyed right after, and
 a store opened later finishes any request left pending by a crash. Either
 nothing is erased, or the records are gone and the keys follow.
+
+The same protocol destroys the data keys that were made for a write whose records
+never committed (:func:`collect_unused_keys`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..access.principals import Role, rescope_erased_user
-from ..decisions.snapshots import pseudonymize_spaces
+from ..decisions.snapshots import pseudonymize_spaces, summary_key_ref
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError, StoreBusyError
 from ..log.entries import Entry, EventType
@@ -170,13 +173,16 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
 
 
 def finish_all_pending(memory: Memory) -> None:
-    """Settle every request left keys_pending, every tenant's: on open, what a crash
-    interrupted; after an erasure, one whose keys it found pending."""
+    """Settle every request left keys_pending, every tenant's, and destroy the unused keys
+    a collection committed to destroy: on open, what a crash interrupted; after an
+    erasure, what it found pending."""
     for row in memory.backend.pending_requests():
         settle(memory, ErasureRequest.from_row(row))
+    collect_unused_keys(memory, ())
 
 
 def pending_key_ids(memory: Memory) -> set[bytes]:
+    """Every data key committed for destruction: a writer must not use one (Memory._live_keys)."""
     return {bytes.fromhex(key) for keys in memory.backend.pending_key_lists() for key in json.loads(keys)}
 
 
@@ -196,6 +202,54 @@ def _check_requester(requester: object, request_id: str, *, retry: bool) -> tupl
         with contextlib.suppress(InvalidInputError):  # blank or too long as one line too
             return check_who(one_line(requester), "requester", missing=refused.message), refused
     raise refused
+
+
+def _in_use(memory: Memory, tenant: str, subject_ref: bytes) -> bool:
+    return subject_ref == summary_key_ref(memory, tenant) or memory.backend.holds_subject(tenant, subject_ref)
+
+
+def collect_unused_keys(memory: Memory, candidates: Iterable[bytes] | None = None) -> int:
+    """Destroy the data keys made for writes whose records never committed: a process
+    killed between the key store's commit and the store's, or a write refused or failed
+    under the lock. Such a key says that a subject was about to be written, of whom the
+    store holds nothing. Returns how many it found unused (and destroyed).
+
+    ``candidates``: the keys marked unconfirmed to look at (None: all of them). A key is
+    in use, and its mark dropped, if a record or a restriction of its subject is stored,
+    or if it is a tenant's key for decision summaries. An unused key may still be one a
+    writer has read and is about to commit under: it is destroyed as an erasure destroys
+    keys. Under the store's write lock, which no writer holds between checking its keys
+    and committing, it is listed as pending, and committed; it is destroyed; then it is
+    unlisted. A writer checks its keys under the lock against every pending key, and
+    looks again for any key if another connection committed since it read them, so it
+    writes under a new key instead (Memory._live_keys). A list that a crash left is
+    finished first, by whichever collection runs next.
+    """
+    keys, backend = memory.keys, memory.backend
+    wanted = None if candidates is None else list(candidates)
+    marked = [] if wanted == [] else keys.unconfirmed(wanted)
+    # A key's records and restriction go only with the key and its mark (an erasure): a
+    # key seen in use stays in use, and its mark can go without the lock. A mark whose
+    # key is gone (an older release destroyed it) goes too.
+    unused = {k: (t, r) for k, t, r in marked if t is not None and r is not None and not _in_use(memory, t, r)}
+    keys.unmark(k for k, _, _ in marked if k not in unused)
+    listed = backend.collecting_keys()
+    doomed: list[bytes] = []
+    if unused or listed:
+        with backend.atomic():
+            pending, listed = pending_key_ids(memory), backend.collecting_keys()
+            now_used = [k for k, (t, r) in unused.items() if _in_use(memory, t, r)]
+            doomed = [k for k in unused if k not in pending and k not in now_used]
+            if doomed:
+                backend.set_collecting_keys([*listed, *doomed])
+        keys.unmark(now_used)
+        if listed or doomed:
+            destroy = {*listed, *doomed}
+            keys.destroy_ids(destroy, wait=False)
+            with backend.atomic():
+                backend.set_collecting_keys([k for k in backend.collecting_keys() if k not in destroy])
+    keys.unsettled.difference_update(wanted or ())
+    return len(doomed)
 
 
 def erase(

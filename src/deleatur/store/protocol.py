@@ -143,6 +143,10 @@ class Backend(Protocol):
 
     def count_subject(self, tenant: str, subject_ref: bytes) -> int: ...
 
+    def holds_subject(self, tenant: str, subject_ref: bytes) -> bool:
+        """Whether any record, or a restriction, of the subject is stored."""
+        ...
+
     def put_request(self, row: Mapping[str, Any], *, replace: bool) -> None:
         """Insert a request row; ``replace`` only to update one this caller owns. An
         update keeps the request's place in :meth:`requests` and its ``received_at``,
@@ -150,8 +154,15 @@ class Backend(Protocol):
         ...
 
     def pending_key_lists(self) -> list[str]:
-        """The ``pending_keys`` JSON of every request awaiting key destruction (cheap: every write asks)."""
+        """The JSON lists of data key ids committed for destruction: each request's awaiting
+        it, and the unused keys being collected (cheap: every write asks)."""
         ...
+
+    def collecting_keys(self) -> list[bytes]:
+        """Unused data keys committed for destruction (see ``collect_unused_keys``)."""
+        ...
+
+    def set_collecting_keys(self, key_ids: Sequence[bytes]) -> None: ...
 
     def any_restricted(self, tenant: str, subject_refs: Sequence[bytes]) -> bool: ...
 

@@ -78,6 +78,8 @@ _B = 0.75
 _BM25 = "deleatur_bm25"
 #: The meta key of a removal committed but not yet scrubbed from the -wal.
 _SCRUB_PENDING = "scrub_pending"
+#: The meta key of the unused data keys committed for destruction (a JSON list of hex ids).
+_KEYS_COLLECTING = "keys_collecting"
 
 
 def _phrase(term: str) -> str:
@@ -517,6 +519,16 @@ class SQLiteBackend:
             ]
         return out
 
+    def holds_subject(self, tenant: str, subject_ref: bytes) -> bool:
+        return (
+            self._conn.execute(
+                "SELECT 1 WHERE EXISTS (SELECT 1 FROM records WHERE tenant = ?1 AND subject_ref = ?2)"
+                " OR EXISTS (SELECT 1 FROM restrictions WHERE tenant = ?1 AND subject_ref = ?2)",
+                (tenant, subject_ref),
+            ).fetchone()
+            is not None
+        )
+
     def count_subject(self, tenant: str, subject_ref: bytes) -> int:
         for (value,) in self._conn.execute(
             "SELECT count(*) FROM records WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
@@ -548,8 +560,23 @@ class SQLiteBackend:
     def pending_key_lists(self) -> list[str]:
         return [
             str(k)
-            for (k,) in self._conn.execute("SELECT pending_keys FROM erasure_requests WHERE status = 'keys_pending'")
+            for (k,) in self._conn.execute(
+                "SELECT pending_keys FROM erasure_requests WHERE status = 'keys_pending'"
+                " UNION ALL SELECT v FROM meta WHERE k = ?",
+                (_KEYS_COLLECTING,),
+            )
         ]
+
+    def collecting_keys(self) -> list[bytes]:
+        row = self._conn.execute("SELECT v FROM meta WHERE k = ?", (_KEYS_COLLECTING,)).fetchone()
+        return [] if row is None else [bytes.fromhex(k) for k in json.loads(str(row[0]))]
+
+    def set_collecting_keys(self, key_ids: Sequence[bytes]) -> None:
+        if key_ids:
+            value = json.dumps([k.hex() for k in key_ids])
+            self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (_KEYS_COLLECTING, value))
+        else:
+            self._conn.execute("DELETE FROM meta WHERE k = ?", (_KEYS_COLLECTING,))
 
     def any_restricted(self, tenant: str, subject_refs: Sequence[bytes]) -> bool:
         if not subject_refs:
