@@ -320,6 +320,33 @@ def test_a_flood_of_refused_keys_is_counted_not_written(memory: Memory, clock: F
     assert memory.verify_audit().ok
 
 
+def test_a_refused_entry_put_off_by_a_busy_store_keeps_the_count_it_carried(
+    memory: Memory, clock: FakeClock, store_path: Path
+) -> None:
+    """A server's first try of a call gives up on a lock held elsewhere and tries again
+    later: the refusal entry it could not write must not lose the flood it counted."""
+    from deleatur import StoreBusyError, sqlitefile
+
+    start = memory.backend.log_size()
+    for _ in range(REFUSALS_PER_SECOND + 4):
+        with pytest.raises(AuthenticationError):
+            memory.authenticate("not a key")
+    clock.advance(1)
+    holder = apsw.Connection(str(store_path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()
+    with sqlitefile.first_try() as attempt, pytest.raises(StoreBusyError):
+        memory.authenticate("still not a key")
+    holder.execute("ROLLBACK").fetchall()
+    holder.close()
+    assert attempt.refused
+    with pytest.raises(AuthenticationError):
+        memory.authenticate("still not a key")  # the try again
+    refused = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
+    refused = [f for f in refused if f["action"] == "authenticate"]
+    assert len(refused) == REFUSALS_PER_SECOND + 1
+    assert refused[-1]["unwritten"] == 4
+
+
 def test_api_keys_authenticate_and_only_their_digest_is_stored(memory: Memory, store_path: Path) -> None:
     principal, api_key = memory.create_principal("svc", Role.MEMBER, scopes=["u1"])
     assert memory.authenticate(api_key) == principal

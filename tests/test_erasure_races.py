@@ -499,3 +499,29 @@ def test_a_first_try_that_has_committed_waits_for_a_later_lock(
         assert not attempt.refused
     with _write_locked(store_path), pytest.raises(StoreBusyError, match=r"held for over 0\.1 s"):
         memory.remember("outside any attempt", subject="a")  # waits, as before
+
+
+def test_a_first_try_leaves_a_dead_erasures_keys_to_a_call_that_may_wait(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure died before destroying its keys; a write of its subject must destroy
+    them first, and truncate the key store's -wal, which may wait for a reader: a first
+    try refuses that work, changing nothing, so a server does it off its event loop."""
+    from deleatur import StoreBusyError, sqlitefile
+    from deleatur.erasure import engine
+
+    memory.remember("Alice's old phone", subject="Alice")
+    monkeypatch.setattr(engine, "finish_pending", lambda memory, request: request)  # the process dies here
+    request = memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo").request
+    assert request is not None and request.status is RequestStatus.KEYS_PENDING
+    monkeypatch.undo()
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a wait would hang the test
+    ref = memory._subject_ref("alice")
+    with sqlitefile.first_try() as attempt:
+        with pytest.raises(StoreBusyError, match="destroying data keys may wait"):
+            memory.remember("Alice's new phone", subject="Alice")
+        assert attempt.refused and attempt.patient and not attempt.committed
+    assert memory.keys.has_key(memory.tenant, ref) and list(memory.list()) == []
+    memory.remember("Alice's new phone", subject="Alice")  # where it may wait
+    assert [r.text for r in memory.list()] == ["Alice's new phone"]
+    assert memory.erasure_request("R1").status is RequestStatus.COMPLETE

@@ -355,8 +355,9 @@ def test_client_errors_are_deleatur_errors(client: Client) -> None:
 
 def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process (a CLI erasure, a backup) holds the store's write lock: a
-    remember waits for it off the event loop, which meanwhile answers other requests,
-    then writes its record once (its refused first try changed nothing)."""
+    remember waits for it without holding up the event loop or the store handle, which
+    meanwhile serve other requests, then writes its record once (its refused tries
+    changed nothing)."""
     from deleatur import sqlitefile
 
     opener = new_store(tmp_path / "mem.db")
@@ -384,6 +385,7 @@ def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monke
         try:
             assert waiting.wait(timeout=30), "the remember never waited for the lock"
             assert http.get("/openapi.json", timeout=5).status_code == 200  # the loop is free
+            assert http.get("/v1/public-key", timeout=5).status_code == 200  # and so is the handle
             assert not answers  # and the remember is still waiting
         finally:
             holder.execute("ROLLBACK").fetchall()
@@ -392,6 +394,32 @@ def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monke
         listed = http.get("/v1/memories").json()["records"]
         assert [r["text"] for r in listed] == ["waits"]
     holder.close()
+
+
+def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 300)
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        try:
+            answers = [http.post("/v1/memories", json={"text": f"waits {i}", "subject": "a"}) for i in range(2)]
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+        for answer in answers:
+            assert answer.status_code == 503
+            assert answer.json()["error"]["code"] == "store_busy"
+            assert "nothing was changed" in answer.json()["error"]["message"]
+        assert http.get("/v1/memories").json()["records"] == []
+    holder.close()
+    with opener() as memory:  # the refused tries left no entry, not even a failed one
+        actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
+    assert "list" in actions and "remember" not in actions
 
 
 def test_unexpected_error_is_a_500_naming_only_its_type() -> None:

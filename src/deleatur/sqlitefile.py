@@ -56,6 +56,8 @@ class Attempt:
     refused: bool = False
     #: Something was committed in this attempt: from then on locks are waited for.
     committed: bool = False
+    #: Refused before work that may wait long: it must be made where waiting is harmless.
+    patient: bool = False
     beginning: bool = False  # inside immediate()'s BEGIN
     repeatable: bool = False  # inside repeatable()
 
@@ -92,6 +94,17 @@ def repeatable() -> Iterator[None]:
         yield
     finally:
         attempt.repeatable = False
+
+
+def refuse_if_first_try(work: str) -> None:
+    """Before ``work`` that may wait long for other connections (destroying another
+    caller's pending keys, then truncating a -wal that a reader holds): a
+    :func:`first_try` that may still refuse does so now, so the call is made again
+    where waiting is harmless. Elsewhere, nothing."""
+    attempt = _ATTEMPT.get()
+    if attempt is not None and not attempt.committed:
+        attempt.refused = attempt.patient = True
+        raise StoreBusyError(f"{work} may wait for other connections; nothing was changed: try again")
 
 
 def _note_commit() -> bool:

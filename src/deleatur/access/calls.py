@@ -210,6 +210,13 @@ class RefusalBudget:
         unwritten, self.unwritten = self.unwritten, 0
         return unwritten
 
+    def unadmit(self, now: int, unwritten: int) -> None:
+        """The entry :meth:`admit` let through was not written (the store was busy): as if
+        it had not been admitted, so the count it carried is not lost."""
+        if now // 1_000_000 == self.second:
+            self.written -= 1
+        self.unwritten += unwritten
+
 
 def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any] | None, problem: str) -> None:
     """Audit a refused API key (its caller is told only that the key is not valid):
@@ -227,8 +234,12 @@ def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any]
     fields |= {"outcome": "denied", "request": memory._ids.new(), "error": problem}
     if unwritten:
         fields["unwritten"] = unwritten  # refusals since the last entry, over the budget
-    with memory._logged(audit_only=True) as events:
-        events.append((Entry(EventType.CALL, now, fields), None))
+    try:
+        with memory._logged(audit_only=True) as events:
+            events.append((Entry(EventType.CALL, now, fields), None))
+    except StoreBusyError:
+        memory._refusals.unadmit(now, unwritten)
+        raise
 
 
 def entry(memory: Memory, call: Call) -> Entry:

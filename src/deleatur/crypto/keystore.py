@@ -40,7 +40,7 @@ from ..errors import (
     NotADeleaturStoreError,
     StoreBusyError,
 )
-from ..sqlitefile import connect, data_version, immediate, is_ours, repeatable, scrub
+from ..sqlitefile import connect, data_version, immediate, is_ours, refuse_if_first_try, repeatable, scrub
 from .master import MasterKeySource
 
 KEYSTORE_APPLICATION_ID = 0x444C544B  # "DLTK"
@@ -354,6 +354,8 @@ class KeyStore:
         ids = list(key_ids)
         if not ids:
             return 0
+        if wait:
+            refuse_if_first_try("destroying data keys")
         with self._locked("no key was destroyed"):
             gone = sum(
                 self._conn.execute("DELETE FROM data_keys WHERE key_id = ? RETURNING 1", (key_id,)).fetchone()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -26,7 +28,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__
+from .. import __version__, sqlitefile
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
@@ -45,6 +47,10 @@ DEFAULT_BASIS = "Art. 17"
 #: Every call, a read included, appends its audit entry: more handles than one only
 #: queue on SQLite's write lock, and its busy handler's sleeps (measured in BENCHMARKS.md).
 DEFAULT_HANDLES = 1
+# Pauses of a request between tries for a lock another process holds: short at first,
+# since a write holds it for well under a millisecond, and at most 50 ms.
+_FIRST_PAUSE_S = 1e-3
+_MOST_PAUSE_S = 50e-3
 
 T = TypeVar("T")
 
@@ -238,6 +244,14 @@ class _Request(Request):
         except InvalidInputError as exc:
             # FastAPI reads the body inside a handler that lets only HTTPException through.
             raise StarletteHTTPException(422, exc.message) from None
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A try of a call that found a lock held, and changed nothing (sqlitefile.first_try)."""
+
+    error: StoreBusyError
+    patient: bool  # it must be made where it may wait long, not tried again later
 
 
 class _Route(APIRoute):
@@ -491,36 +505,81 @@ def create_app(
         return _error(error_info(exc))
 
     threaded = 0  # calls now in worker threads (or waiting for one)
+    retrying = anyio.Lock()  # held by the refused request now trying again
 
     async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
         key: in a worker thread, or, for an ``inline`` call (one that takes no lock but
         the write lock, and reads or writes a record or two), in the event loop itself
         when the one handle is free, which spares the thread's cost (a fifth of the
-        throughput, BENCHMARKS.md). An inline call waits there for a write lock another
-        process holds for at most ``FIRST_TRY_WAIT_MS``: past that it has changed nothing,
-        and waits in a thread instead, so the loop goes on serving other requests."""
+        throughput, BENCHMARKS.md).
+
+        No call holds the handle while another process holds a lock it needs: a try
+        waits for a lock at most ``FIRST_TRY_WAIT_MS`` (sqlitefile.first_try), then gives
+        the handle back having changed nothing, and the request tries again after a
+        pause, until ``BUSY_TIMEOUT_MS`` after it began (then 503 store_busy). Meanwhile
+        the handle serves the other requests, those that need no lock included. Work that
+        may wait long for other connections (finishing a dead erasure's key destruction)
+        is done in a thread that waits as long as it must."""
         nonlocal threaded
         api_key = _API_KEY.get()
+        give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
         def run() -> T:
             with pool.lease() as memory:
                 return call(as_caller(memory, api_key))
 
-        # An export thread holds a read snapshot that a call's WAL checkpoint waits
-        # for: the loop must keep draining the export meanwhile, so no inline calls.
-        if inline and handles == 1 and not exports.live and not threaded:
+        def tried() -> T | _Refused:
             with first_try() as attempt:
                 try:
-                    return run()  # the one handle is free: no call is in a thread
-                except StoreBusyError:
-                    if not attempt.refused:
+                    return run()
+                except StoreBusyError as exc:
+                    if not attempt.refused or attempt.committed:
                         raise
-        threaded += 1
-        try:
-            return await anyio.to_thread.run_sync(run, limiter=workers)
-        finally:
-            threaded -= 1
+                    return _Refused(exc, attempt.patient)
+
+        async def in_thread(work: Callable[[], T | _Refused]) -> T | _Refused:
+            nonlocal threaded
+            threaded += 1
+            try:
+                return await anyio.to_thread.run_sync(work, limiter=workers)
+            finally:
+                threaded -= 1
+
+        async def attempt() -> T | _Refused:
+            # An export thread holds a read snapshot that a call's WAL checkpoint waits
+            # for: the loop must keep draining the export meanwhile, so no inline calls.
+            # Nor before the handle is open: opening finishes what a crash left (keys to
+            # destroy, a -wal to truncate), which may wait for other connections.
+            if inline and handles == 1 and not exports.live and not threaded and pool.idle:
+                return tried()  # the one handle is free: no call is in a thread
+            return await in_thread(tried)
+
+        result = await attempt()
+        if isinstance(result, _Refused) and not result.patient:
+            # One refused request at a time tries again, so that however many wait, the
+            # loop spends at most one try's wait per pause on them. Never cancelled while
+            # a try runs: a try that went through must be answered as such.
+            acquired = False
+            with anyio.move_on_after(max(give_up - time.monotonic(), 0)):
+                await retrying.acquire()
+                acquired = True
+            if acquired:
+                try:
+                    pause = _FIRST_PAUSE_S
+                    while isinstance(result, _Refused) and not result.patient and time.monotonic() < give_up:
+                        await anyio.sleep(pause)
+                        pause = min(pause * 2, _MOST_PAUSE_S)
+                        result = await attempt()
+                finally:
+                    retrying.release()
+        if not isinstance(result, _Refused):
+            return result
+        if not result.patient:
+            raise result.error  # the lock stayed held past the busy timeout
+        done = await in_thread(run)
+        assert not isinstance(done, _Refused)
+        return done
 
     # -- memories --------------------------------------------------------------------
 

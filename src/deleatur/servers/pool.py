@@ -63,6 +63,11 @@ class HandlePool:
                 memory.close()
 
     @property
+    def idle(self) -> int:
+        """How many open handles are free now."""
+        return len(self._free)
+
+    @property
     def size(self) -> int:
         """How many handles were opened: the most requests served at once."""
         return self._opened
