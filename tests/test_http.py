@@ -396,6 +396,34 @@ def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monke
     holder.close()
 
 
+def test_a_long_verification_holds_up_no_other_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verifying a large log reads it whole for seconds: it runs on a handle of its own,
+    and another caller's requests are served meanwhile."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    entered, release = threading.Event(), threading.Event()
+    real = Memory.verify_log
+
+    def slow(self: Memory, *args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(timeout=30)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Memory, "verify_log", slow)
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        answers: list[httpx.Response] = []
+        verifier = threading.Thread(target=lambda: answers.append(http.get("/v1/log/verify")))
+        verifier.start()
+        try:
+            assert entered.wait(timeout=30)
+            assert http.get("/v1/whoami", timeout=5).status_code == 200
+            assert http.get("/v1/checkpoint", timeout=5).status_code == 200
+        finally:
+            release.set()
+            verifier.join(timeout=30)
+        assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
+
+
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
