@@ -22,7 +22,12 @@ from deleatur import (
     from_bytes,
 )
 from deleatur.clock import isoformat
-from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, ErasureResult
+from deleatur.erasure.engine import (
+    AmbiguousSubjectError,
+    ConfirmationRequiredError,
+    ErasureResult,
+    RequestIdReusedError,
+)
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
@@ -336,6 +341,101 @@ def test_a_refused_confirmation_neither_records_a_request_nor_reveals_ids_in_use
     assert [r.id for r in memory.erasure_requests()] == ["DSAR-IN-USE"]
     done = _erase(memory, "Alice Smith", request_id="DSAR-FREE").request  # type: ignore[attr-defined]
     assert done.status is RequestStatus.COMPLETE
+
+
+def _agent_beside_a_request(memory: Memory) -> Memory:
+    """An agent key scoped to user u2, with a record of Bob there, and the DPO's erasure
+    DSAR-IN-USE of user u1's Carol: a request the agent may not read."""
+    memory.remember("Carol lives in Paris", subject="Carol", space=Space("u1"))
+    _erase(memory, "Carol", request_id="DSAR-IN-USE", scope=SpaceFilter("u1"))
+    agent = memory.as_principal(memory.create_principal("agent@u2", Role.AGENT, scopes=["u2"])[0])
+    agent.remember("Bob likes tea", subject="Bob", space=Space("u2"))
+    return agent
+
+
+def _erase_bob(agent: Memory, request_id: str, **kwargs: object) -> ErasureResult:
+    result = _erase(agent, "Bob", request_id, scope=SpaceFilter("u2"), **kwargs)
+    assert isinstance(result, ErasureResult)
+    return result
+
+
+def _refusals(agent: Memory, token: str) -> set[tuple[type[DeleaturError], str]]:
+    """How the agent's erasure of Bob is refused under the id in use and under a free one."""
+    out = set()
+    for request_id in ("DSAR-IN-USE", "DSAR-FREE"):
+        with pytest.raises(DeleaturError) as refused:
+            _erase_bob(agent, request_id=request_id, confirmation=token)
+        out.add((type(refused.value), refused.value.message))
+    return out
+
+
+def _token(agent: Memory, subject: str = "Bob") -> str:
+    token = _erase(agent, subject, scope=SpaceFilter("u2"), dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    assert isinstance(token, str)
+    return token
+
+
+def test_a_string_that_is_no_token_tells_nothing_of_the_ids_in_use(memory: Memory, clock: FakeClock) -> None:
+    """Any string used to pass the first check, and the request id was looked up before
+    the token was: an id in use (here another user's request, whose status the agent may
+    not read) was refused as reused, a free one as unconfirmed. A token is now checked
+    first: known, unexpired, issued in this tenant."""
+    agent = _agent_beside_a_request(memory)
+    elsewhere = memory.as_principal(memory.create_principal("t2 agent", Role.AGENT, tenant="t2")[0])
+    foreign = _erase(elsewhere, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    expired = _token(agent)
+    clock.advance(16 * 60)
+    unknown = {(ConfirmationRequiredError, "unknown confirmation token")}
+    assert _refusals(agent, "garbage") == _refusals(agent, foreign) == unknown
+    assert _refusals(agent, expired) == {(ConfirmationRequiredError, "confirmation token expired")}
+    assert [r.id for r in memory.erasure_requests()] == ["DSAR-IN-USE"]
+
+
+def test_a_string_that_is_no_token_cannot_hold_a_request_id(memory: Memory) -> None:
+    """Two spellings of one subject in the agent's own space make its erasure ambiguous,
+    which was refused before the token was checked and recorded as a failed request under
+    whatever id the agent named: a deadline running, and the DPO's erasure under that id
+    refused as reused. A failure is recorded only for a caller whose token confirmed."""
+    agent = _agent_beside_a_request(memory)
+    agent.remember("Bob likes coffee", subject="BOB", space=Space("u2"))
+    with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
+        _erase_bob(agent, request_id="DSAR-NEXT", confirmation="garbage")
+    assert [r.id for r in memory.erasure_requests()] == ["DSAR-IN-USE"]
+    memory.remember("Dave's file", subject="Dave")
+    done = _erase(memory, "Dave", request_id="DSAR-NEXT").request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE and done.counts["records"] == 1
+
+    token = _token(agent)
+    with pytest.raises(AmbiguousSubjectError):
+        _erase_bob(agent, request_id="DSAR-BOB", confirmation=token)
+    assert memory.erasure_request("DSAR-BOB").status is RequestStatus.FAILED
+    # The failure rolled the token's spending back: it confirms the retry.
+    retried = _erase_bob(agent, request_id="DSAR-BOB", confirmation=token, allow_ambiguous=True).request
+    assert retried is not None and retried.status is RequestStatus.COMPLETE
+
+
+def test_a_scoped_key_finds_a_request_beyond_its_scopes_only_by_spending_a_token(memory: Memory) -> None:
+    """An id naming a request a scoped key may not see is answered as a free one until
+    the key's token confirms this very erasure; then it is refused as reused, and the
+    token is spent, so each id found in use costs the key a dry run."""
+    agent = _agent_beside_a_request(memory)
+    hidden = memory.erasure_request("DSAR-IN-USE")
+    another_plan = (
+        ConfirmationRequiredError,
+        "confirmation token was issued for a different erasure (the blast radius changed) or caller",
+    )
+    assert _refusals(agent, _token(agent, "Nobody")) == {another_plan}
+    token = _token(agent)
+    with pytest.raises(RequestIdReusedError, match="request id DSAR-IN-USE was used for a different erasure"):
+        _erase_bob(agent, request_id="DSAR-IN-USE", confirmation=token)
+    assert _refusals(agent, token) == {(ConfirmationRequiredError, "confirmation token already used")}
+    assert memory.erasure_request("DSAR-IN-USE") == hidden
+    assert [r.id for r in memory.erasure_requests()] == ["DSAR-IN-USE"]
+    token = _token(agent)
+    done = _erase_bob(agent, request_id="DSAR-FREE", confirmation=token).request
+    assert done is not None and done.status is RequestStatus.COMPLETE
+    # Spent, the token still repeats the erasure it confirmed (a retry of a lost answer).
+    assert _erase_bob(agent, request_id="DSAR-FREE", confirmation=token).repeated
 
 
 def test_a_token_for_another_blast_radius_is_refused(memory: Memory, family: dict[str, str]) -> None:

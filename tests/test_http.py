@@ -496,6 +496,40 @@ def test_agent_erases_only_with_its_dry_run_token(base_url: str, keys: Keys) -> 
         assert done is not None and done.counts["records"] == 1
 
 
+def test_an_agent_without_a_token_learns_and_holds_no_request_id(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Through HTTP as through the library: with a string that is no token, an id in use
+    and a free one get the same refusal, and an erasure the agent made ambiguous records
+    no request, so the DPO's erasure under that id goes ahead."""
+    opener = new_store(tmp_path_factory.mktemp("agent-token") / "mem.db")
+    admin = {"Authorization": f"Bearer {api_key(opener, Role.ADMIN)}"}
+    agent = {"Authorization": f"Bearer {api_key(opener, Role.AGENT, scopes=['u2'])}"}
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url) as http:
+        writes = [(admin, "Carol", "u1"), (agent, "Bob", "u2"), (agent, "BOB", "u2")]
+        for headers, subject, user_id in writes:
+            written = http.post(
+                "/v1/memories", headers=headers, json={"text": "t", "subject": subject, "user_id": user_id}
+            )
+            assert written.status_code == 201
+        taken = http.delete(
+            "/v1/subjects/Carol", headers={**admin, "Idempotency-Key": "DSAR-IN-USE"}, params={"user_id": "u1"}
+        )
+        assert taken.status_code == 202
+
+        def probe(request_id: str) -> tuple[int, Any]:
+            refused = http.delete(
+                "/v1/subjects/Bob",
+                headers={**agent, "Idempotency-Key": request_id},
+                params={"user_id": "u2", "confirmation": "garbage"},
+            )
+            return refused.status_code, refused.json()["error"]
+
+        in_use, free = probe("DSAR-IN-USE"), probe("DSAR-FREE")
+        assert in_use == free == (428, {"code": "confirmation_required", "message": "unknown confirmation token"})
+        assert http.get("/v1/erasures/DSAR-FREE", headers=admin).status_code == 404
+        dpo = http.delete("/v1/subjects/Dave", headers={**admin, "Idempotency-Key": "DSAR-FREE"})
+        assert dpo.status_code == 202 and dpo.json()["request"]["status"] == "complete"
+
+
 def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[str, str]) -> None:
     client.remember("audited", subject="Gina", space=Space("audit-user"))
     entries = httpx.get(f"{base_url}/v1/audit", params={"calls_only": True, "limit": 1000}, headers=admin).json()

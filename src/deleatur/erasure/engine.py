@@ -39,7 +39,7 @@ from ..model import (
     one_line,
 )
 from .plan import ErasurePlan, build_plan
-from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users
+from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users, within_scopes
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -110,6 +110,14 @@ def _confirmed_plan(memory: Memory, plan: ErasurePlan) -> bytes:
     the token (an agent handing it to another) cannot spend it. Keyed: the plan names the
     subject, and a plain hash of it, kept in the store, would confirm a guessed name."""
     return memory.keys.index.ref("confirmed-plan/v2", plan.digest, memory.principal.id)
+
+
+def _check_token(memory: Memory, token_hash: bytes, confirmed: bytes | None, request_id: str) -> None:
+    """Spend the token (hashed) on the plan it must confirm, or with None only check it
+    (see use_confirmation); refuse the erasure if it cannot."""
+    problem = memory.backend.use_confirmation(token_hash, memory.tenant, confirmed, memory._clock())
+    if problem is not None:
+        raise ConfirmationRequiredError(problem, request_id=request_id)
 
 
 def _pseudonymizer() -> Callable[[str], str]:
@@ -332,43 +340,60 @@ def erase(
         raise ConfirmationRequiredError(
             "this caller must confirm: run a dry run with a token and present it", request_id=request_id
         )
+    token_hash = None if confirmation is None else _token_hash(confirmation)
+    spent = None  # what the token confirmed, once spent under the lock
+    clash = None  # why the request id cannot name this erasure
     try:
         with memory._logged(sign=True) as events:
+            if token_hash is not None:
+                # As no token, so a string that is none (unknown to this tenant, or
+                # expired) is refused before the id is looked up, recording nothing. A
+                # spent token passes here, so that the erasure it confirmed can be
+                # repeated (a retry of a lost answer), but confirms no other (below).
+                _check_token(memory, token_hash, None, request_id)
             # Read under the write lock: two callers with one request id erase once.
             existing = memory.backend.get_request(memory.tenant, request_id)
             earlier = None if existing is None else ErasureRequest.from_row(existing)
-            if refused is not None and (earlier is None or one_line(earlier.requester) != requester):
+            # A key scoped to users may not see a request beyond its scopes (calls.
+            # readable_request): with a token, its id is answered as a free one would be
+            # until the token has confirmed this very erasure, and is refused only then.
+            hidden = (
+                earlier is not None and memory.principal.scopes is not None and within_scopes(memory, earlier) is None
+            )
+            if refused is not None and (earlier is None or hidden or one_line(earlier.requester) != requester):
                 raise refused
-            if earlier is not None and earlier.fingerprint != fingerprint:
-                raise RequestIdReusedError(
-                    f"request id {request_id} was used for a different erasure", request_id=request_id
-                )
-            if earlier is not None and earlier.status is not RequestStatus.FAILED:
+            if earlier is not None and (hidden or earlier.fingerprint != fingerprint):
+                clash = f"request id {request_id} was used for a different erasure"
+            elif earlier is not None and earlier.status is not RequestStatus.FAILED:
                 if earlier.basis != basis:
                     # Its certificate states the first basis: a repeat must not seem to change it.
-                    raise RequestIdReusedError(
-                        f"request id {request_id} was made under another legal basis", request_id=request_id
-                    )
-                repeated = earlier
-                raise _Repeated
-            if earlier is not None:
+                    clash = f"request id {request_id} was made under another legal basis"
+                else:
+                    repeated = earlier
+                    raise _Repeated
+            if clash is not None and not (hidden and token_hash is not None):
+                raise RequestIdReusedError(clash, request_id=request_id)
+            if earlier is not None and clash is None:
                 # A failed request retried is the same request: its one month runs from
                 # its first receipt (Art. 12(3)), which its row keeps (see put_request).
                 template = replace(template, received_at=earlier.received_at)
             plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
+            # An agent principal hard-deletes only what its own dry run showed it. Spent
+            # before any failure is recorded: a failure is recorded only for a caller who
+            # confirmed (a later failure rolls the spending back, and the token can
+            # confirm the retry). A token for another plan is refused and not spent.
+            if token_hash is not None:
+                confirmed = _confirmed_plan(memory, plan)
+                _check_token(memory, token_hash, confirmed, request_id)
+                spent = confirmed
+            if clash is not None:
+                raise RequestIdReusedError(clash, request_id=request_id)
             if plan.ambiguous and not allow_ambiguous:
                 raise AmbiguousSubjectError(
                     f"subject matches {len(plan.spellings)} different original spellings; "
                     "check the dry run, then pass allow_ambiguous (--allow-ambiguous)",
                     request_id=request_id,
                 )
-            # An agent principal hard-deletes only what its own dry run showed it.
-            if confirmation is not None:
-                problem = memory.backend.use_confirmation(
-                    _token_hash(confirmation), memory.tenant, _confirmed_plan(memory, plan), memory._clock()
-                )
-                if problem is not None:
-                    raise ConfirmationRequiredError(problem, request_id=request_id)
             subject_ref = None if canonical is None else memory._subject_ref(canonical)
             destroy = plan.destroy_keys
             pseudonym = None
@@ -426,12 +451,23 @@ def erase(
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _Repeated:
         return _as_shown(memory, ErasureResult(settle(memory, repeated), None, repeated=True))
-    except (RequestIdReusedError, ConfirmationRequiredError, StoreBusyError):
+    except RequestIdReusedError:
+        if token_hash is not None and spent is not None:
+            # Only a hidden request's id is refused once the token is spent (the rest
+            # are refused before it is checked against the plan): the refusal keeps it
+            # spent, as the erasure would have, so each id a scoped key finds in use
+            # costs it a dry run, and it cannot probe on with one token.
+            with memory.backend.atomic():
+                memory.backend.use_confirmation(token_hash, memory.tenant, spent, memory._clock())
+        raise
+    except (ConfirmationRequiredError, StoreBusyError):
         # Busy: nothing was read under the lock, so the request row (perhaps a complete
         # erasure retried) must not be replaced by a failure, nor wait for the lock again.
         raise
     except DeleaturError as exc:
-        if exc is not refused:  # a refused requester records no request, here as above
+        # A refused requester records no request, here as above, nor does a request id
+        # that names another erasure: the row is that one's.
+        if exc is not refused and clash is None:
             with memory.backend.atomic():
                 memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
         raise

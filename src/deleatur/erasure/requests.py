@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..clock import from_datetime, from_isoformat, isoformat, to_datetime
 from ..errors import InvalidInputError
-from ..model import SpaceFilter
+from ..model import SpaceFilter, erased_ref
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -217,3 +217,14 @@ class ErasureRequest:
             record_ids=tuple(data["record_ids"]),
             tombstones=tuple(data["tombstones"]),
         )
+
+
+def within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] | None:
+    """The user ids of the caller's scopes that ``request`` reached, if it reached only
+    those; None if it reached anyone else (or the whole tenant)."""
+    scopes = memory.principal.scopes
+    if scopes is None or request.users is None:
+        return None
+    named = reached_users(memory, [s for s in scopes if erased_ref(s) is None])
+    named.update({ref.hex(): s for s in scopes if (ref := erased_ref(s)) is not None})
+    return tuple(named[ref] for ref in request.users) if all(ref in named for ref in request.users) else None

@@ -179,7 +179,10 @@ class Backend(Protocol):
 
     def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None: ...
 
-    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, now: int) -> str | None: ...
+    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes | None, now: int) -> str | None:
+        """Spend a token issued for ``digest``; returns why it is refused, or None. With
+        no ``digest``, only check that the tenant issued it and it has not expired."""
+        ...
 
     # -- restriction (Art. 18) ----------------------------------------------------
 

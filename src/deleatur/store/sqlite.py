@@ -616,18 +616,21 @@ class SQLiteBackend:
             (token_hash, tenant, digest, expires_at),
         )
 
-    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, now: int) -> str | None:
-        """Spend a token; returns why it is refused, or None."""
+    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes | None, now: int) -> str | None:
+        """As the protocol says. Without a digest a spent token passes: it still lets the
+        erasure it confirmed be repeated (see erasure.engine)."""
         row = self._conn.execute(
             "SELECT plan_digest, expires_at, used_at FROM erasure_confirmations WHERE token_hash = ? AND tenant = ?",
             (token_hash, tenant),
         ).fetchone()
         if row is None:
             return "unknown confirmation token"
-        if row[2] is not None:
-            return "confirmation token already used"
         if int(row[1]) < now:
             return "confirmation token expired"
+        if digest is None:
+            return None
+        if row[2] is not None:
+            return "confirmation token already used"
         if bytes(row[0]) != digest:
             return "confirmation token was issued for a different erasure (the blast radius changed) or caller"
         self._conn.execute("UPDATE erasure_confirmations SET used_at = ? WHERE token_hash = ?", (now, token_hash))
