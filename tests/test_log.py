@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import IntegrityError, Memory, NewMemory, from_bytes
+from deleatur import IntegrityError, Memory, NewMemory, NotFoundError, from_bytes
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EntryError, EventType, commitment
 from deleatur.log.merkle import ProofError, verify_consistency
@@ -382,3 +382,19 @@ def test_an_entry_json_cannot_hold_is_not_canonical(raw: bytes) -> None:
         Entry.decode(raw)
     with pytest.raises(EntryError):
         Entry.canonical_type(raw)
+
+
+def test_a_verifier_beside_a_writer_verifies_as_of_the_checkpoint_it_signed(store_path: Path) -> None:
+    """A writer signs checkpoints at an interval, so another handle verifying meanwhile
+    finds entries no checkpoint covers yet, which it cannot tell from a cut log's tail:
+    as of the checkpoint the writer signs on request, the log verifies."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True, checkpoint_interval_us=3_600_000_000) as writer:
+        writer.new_signing_key()
+        size = Checkpoint.parse(writer.checkpoint().text).size
+        writer.remember("written after the checkpoint", subject="a")  # not signed for an hour
+        with Memory.open(store_path, from_bytes(MASTER)) as verifier:
+            assert not verifier.verify_log().ok  # the unsigned tail, as a cut log would show
+            assert verifier.verify_log(size=size).ok
+            assert verifier.verify_audit(size=size).ok
+            with pytest.raises(NotFoundError):
+                verifier.verify_log(size=size + 1)

@@ -495,11 +495,16 @@ class Client:
         return self._call(lambda d: Verifier.from_vkey(d["vkey"]), "GET", "/v1/public-key")
 
     def verify_log(
-        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+        self,
+        *,
+        pinned_keys: builtins.list[Verifier] | None = None,
+        pinned_checkpoint: Note | None = None,
+        size: int | None = None,
     ) -> Report:
-        """The server's verification of its log, unpinned: pins are refused (see the module)."""
+        """The server's verification of its log (as of its stored checkpoint of ``size``,
+        or of one it signs now), unpinned: pins are refused (see the module)."""
         _no_pins(pinned_keys, pinned_checkpoint)
-        return self._call(Report.from_json, "GET", "/v1/log/verify")
+        return self._call(Report.from_json, "GET", "/v1/log/verify", params={"size": size})
 
     # -- the audit trail --------------------------------------------------------------------
 
@@ -520,11 +525,13 @@ class Client:
 
         return _stream(fetch, start, limit)
 
-    def verify_audit(self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None) -> Report:
-        """The server's verification of the whole trail; pins and an auditor's ``state``
-        are refused, as ``verify_log`` refuses pins."""
+    def verify_audit(
+        self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None, size: int | None = None
+    ) -> Report:
+        """The server's verification of the whole trail (as of ``size``, as ``verify_log``);
+        pins and an auditor's ``state`` are refused, as ``verify_log`` refuses pins."""
         _no_pins(pinned_keys, state)
-        return self._call(Report.from_json, "GET", "/v1/audit/verify")
+        return self._call(Report.from_json, "GET", "/v1/audit/verify", params={"size": size})
 
     def verify_receipt(self, receipt: Receipt | Mapping[str, Any], *, key: str | None = None) -> Report:
         """A receipt (as ``receipt`` returns it, or its JSON) checked by the server, under

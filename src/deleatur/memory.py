@@ -752,27 +752,48 @@ class Memory:
 
     @guarded("log.verify", V, audit=False)
     def verify_log(
-        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+        self,
+        *,
+        pinned_keys: builtins.list[Verifier] | None = None,
+        pinned_checkpoint: Note | None = None,
+        size: int | None = None,
     ) -> Report:
         """Re-derive the whole log from its entries and check every checkpoint.
 
         Entries this process appended within the checkpoint interval are signed first,
         as ``close()`` would sign them; any other entry no checkpoint covers fails the
-        coverage check."""
+        coverage check. With ``size``, the log as its stored checkpoint of that tree size
+        left it: the entries and checkpoints since are newer than the verification (a
+        process verifying while others write, whose unsigned tails it cannot tell from a
+        cut log, verifies as of a checkpoint a writer just signed)."""
         check_optional(pinned_checkpoint, Note, "pinned_checkpoint")
-        return self._verify_log(pinned_keys=_pinned(pinned_keys), pinned_checkpoint=pinned_checkpoint)
+        return self._verify_log(pinned_keys=_pinned(pinned_keys), pinned_checkpoint=pinned_checkpoint, size=size)
 
     def _verify_log(
-        self, *, pinned_keys: builtins.list[Verifier] | None = None, pinned_checkpoint: Note | None = None
+        self,
+        *,
+        pinned_keys: builtins.list[Verifier] | None = None,
+        pinned_checkpoint: Note | None = None,
+        size: int | None = None,
     ) -> Report:
-        if self._shared.unsigned and self.log.signer is not None:
+        if size is not None:
+            check_int(size, "size", low=0)
+            if self.backend.checkpoint(size) is None:
+                raise NotFoundError(f"no stored checkpoint of size {size}")
+        elif self._shared.unsigned and self.log.signer is not None:
             with self.backend.atomic():
                 self.log.checkpoint()
             self._shared.unsigned = False
+
+        def level(height: int) -> Iterator[tuple[int, bytes]]:
+            # The stored subtrees wholly within the first ``size`` entries.
+            nodes = self.backend.log_level(height)
+            return nodes if size is None else ((i, h) for i, h in nodes if (i + 1) << height <= size)
+
         return verify_log(
-            self.backend.log_entries(),
-            self.backend.checkpoints(),
-            self.backend.log_level,
+            self.backend.log_entries(end=size),
+            ((n, note) for n, note in self.backend.checkpoints() if size is None or n <= size),
+            level,
             pinned_keys=pinned_keys,
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
@@ -787,12 +808,17 @@ class Memory:
 
     @guarded("audit.verify", V, audit=False)
     def verify_audit(
-        self, *, pinned_keys: builtins.list[Verifier] | None = None, state: str | os.PathLike[str] | None = None
+        self,
+        *,
+        pinned_keys: builtins.list[Verifier] | None = None,
+        state: str | os.PathLike[str] | None = None,
+        size: int | None = None,
     ) -> Report:
         """Verify the whole trail; with ``state``, also that it extends the checkpoint
-        the last passing verification recorded there (which catches a cut-back tail)."""
+        the last passing verification recorded there (which catches a cut-back tail).
+        ``size``: as of the stored checkpoint of that tree size (see :meth:`verify_log`)."""
         where = None if state is None else check_path(state, "state")
-        return verify_audit(self, pinned_keys=_pinned(pinned_keys), state=where)
+        return verify_audit(self, pinned_keys=_pinned(pinned_keys), state=where, size=size)
 
     def __enter__(self) -> Memory:
         return self

@@ -100,7 +100,9 @@ def _entries(
             return
 
 
-def verify(memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: Path | None = None) -> Report:
+def verify(
+    memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: Path | None = None, size: int | None = None
+) -> Report:
     pinned = None
     if state is not None and not state.parent.is_dir():
         raise InvalidInputError(f"cannot keep the auditor state in {state}: no directory {state.parent}")
@@ -109,9 +111,9 @@ def verify(memory: Memory, *, pinned_keys: list[Verifier] | None = None, state: 
             pinned = Note.parse(state.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, NoteError):
             raise InvalidInputError(f"{state} is not an auditor state file (a signed checkpoint)") from None
-    report = memory._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned)
+    report = memory._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned, size=size)
     if report.ok and state is not None:
-        latest = memory.backend.checkpoint()
+        latest = memory.backend.checkpoint(size)
         if latest is not None:
             _write_atomically(state, latest[1])
     return report

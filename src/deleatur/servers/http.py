@@ -32,6 +32,8 @@ from .. import __version__, sqlitefile
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
+from ..log.checkpoint import Checkpoint
+from ..log.report import Report
 from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
 from ..sqlitefile import first_try
@@ -58,6 +60,15 @@ T = TypeVar("T")
 User = Annotated[str, Query(description="user_id of the memory space.")]
 Agent = Annotated[str, Query(description="agent_id of the memory space.")]
 Run = Annotated[str, Query(description="run_id of the memory space.")]
+VerifiedSize = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=2**62,
+        description="Verify the log as its stored checkpoint of this tree size left it."
+        " Without it, the server signs what it appended and verifies as of that checkpoint.",
+    ),
+]
 Idempotency = Annotated[
     str | None,
     Header(
@@ -583,17 +594,22 @@ def create_app(
 
     verifying = anyio.CapacityLimiter(1)
 
-    async def apart(call: Callable[[Memory], T]) -> T:
+    async def verified(verify: Callable[[Memory, int], Report], size: int | None) -> dict[str, object]:
         """A whole-log verification, seconds of reading on a large log: on a handle of
         its own in a thread, one at a time, so the shared handle serves every other
-        request meanwhile (a verification on it held up every tenant's calls)."""
+        request meanwhile (a verification on it held up every tenant's calls). The shared
+        handle first signs what it appended (it alone knows those entries for its own,
+        not a cut log's tail), and the verification is of the log as of that checkpoint."""
         api_key = _API_KEY.get()
+        if size is None:
+            size = Checkpoint.parse((await serve(lambda m: m.checkpoint())).text).size
 
-        def run() -> T:
+        def run() -> Report:
+            assert size is not None
             with open_memory() as memory:
-                return call(as_caller(memory, api_key))
+                return verify(as_caller(memory, api_key), size)
 
-        return await anyio.to_thread.run_sync(run, limiter=verifying)
+        return (await anyio.to_thread.run_sync(run, limiter=verifying)).to_json()
 
     # -- memories --------------------------------------------------------------------
 
@@ -927,20 +943,20 @@ def create_app(
         )
         return {"entries": entries}
 
-    @app.get("/v1/audit/verify", tags=["audit"])
-    async def audit_verify() -> dict[str, Any]:
+    @app.get("/v1/audit/verify", tags=["audit"], responses=_errors(404, 422))
+    async def audit_verify(size: VerifiedSize = None) -> dict[str, Any]:
         """Verify the whole audit trail (the log's Merkle tree and every checkpoint)."""
-        return await apart(lambda m: m.verify_audit().to_json())
+        return await verified(lambda m, at: m.verify_audit(size=at), size)
 
     @app.get("/v1/whoami", tags=["audit"])
     async def whoami() -> dict[str, object]:
         """The principal of the API key: role, capabilities, scopes."""
         return await serve(lambda m: m.principal.describe())
 
-    @app.get("/v1/log/verify", tags=["log"])
-    async def log_verify() -> dict[str, Any]:
+    @app.get("/v1/log/verify", tags=["log"], responses=_errors(404, 422))
+    async def log_verify(size: VerifiedSize = None) -> dict[str, Any]:
         """Re-derive the whole log and check every checkpoint."""
-        return await apart(lambda m: m.verify_log().to_json())
+        return await verified(lambda m, at: m.verify_log(size=at), size)
 
     @app.post("/v1/receipts/verify", tags=["log"], responses=_CHECK)
     async def verify_receipt_route(body: VerifyReceiptBody) -> dict[str, Any]:
