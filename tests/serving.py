@@ -13,7 +13,8 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
-from deleatur import Memory, Role, from_bytes
+from deleatur import Memory, NewMemory, Role, Space, from_bytes
+from deleatur.servers.calls import record_bytes
 
 from .conftest import MASTER
 
@@ -29,6 +30,20 @@ def api_key(open_memory: Callable[[], Memory], role: Role, *, scopes: list[str] 
     """A new principal's API key, made by the local operator."""
     with open_memory() as memory:
         return memory.create_principal(f"test {role.value}", role, scopes=scopes)[1]
+
+
+def paged_by_bytes(memory: Memory, space: Space) -> tuple[int, list[list[str]]]:
+    """Eight records in ``space``, and a byte cap under which a listing's pages are, by
+    record id: two short records each, but a short one alone before a record larger than
+    the cap, which comes alone too."""
+    texts = ["x" * 1000] * 5 + ["y" * 9000] + ["x" * 1000] * 2
+    records = memory.remember_many([NewMemory(text, subject="Pages") for text in texts], space=space)
+    ids = [r.id for r in records]
+    short = {record_bytes(r) for r in records if r.text.startswith("x")}
+    assert ids == sorted(ids) and len(short) == 1
+    cap = 2 * short.pop()
+    assert record_bytes(records[5]) > cap
+    return cap, [ids[0:2], ids[2:4], ids[4:5], ids[5:6], ids[6:8]]
 
 
 @contextmanager

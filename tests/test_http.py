@@ -36,9 +36,10 @@ from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.model import Space, SpaceFilter
-from deleatur.servers.http import MAX_EXPORTS, create_app
+from deleatur.servers.calls import MAX_EXPORTS
+from deleatur.servers.http import create_app
 
-from .serving import api_key, new_store, serving
+from .serving import api_key, new_store, paged_by_bytes, serving
 
 Keys = dict[Role, str]
 
@@ -577,6 +578,27 @@ def test_client_list_follows_pages_to_the_end(tmp_path_factory: pytest.TempPathF
         assert len(exact["records"]) == 345 and exact["next"] is None  # a full last page says it is the last
         bad = httpx.get(f"{url}/v1/memories", params={"after": "nope"}, headers={"Authorization": f"Bearer {key}"})
         assert bad.status_code == 422 and "not a record id" in bad.text
+
+
+def test_pages_stop_before_passing_the_byte_cap(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A page of GET /v1/memories was capped by count alone: 10,000 records of 64 KiB,
+    640 MiB, built whole on the event loop. Now it stops before the record that would
+    pass the cap, and its cursor continues from there; the client follows such pages."""
+    opener = new_store(tmp_path_factory.mktemp("bytes") / "mem.db")
+    with opener() as memory:
+        cap, pages = paged_by_bytes(memory, Space("bytes"))
+    key = api_key(opener, Role.VIEWER)
+    with serving(create_app(opener, max_page_bytes=cap)) as url, Client(url, api_key=key) as remote:
+        got: list[list[str]] = []
+        params: dict[str, str | int] = {"user_id": "bytes", "limit": 100}
+        while True:
+            page = httpx.get(f"{url}/v1/memories", params=params, headers={"Authorization": f"Bearer {key}"}).json()
+            got.append([r["id"] for r in page["records"]])
+            if page["next"] is None:
+                break
+            params["after"] = page["next"]
+        assert got == pages
+        assert [r.id for r in remote.list(space=Space("bytes"))] == [i for ids in pages for i in ids]
 
 
 def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.TempPathFactory) -> None:

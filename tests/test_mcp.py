@@ -3,25 +3,35 @@ mcp`, the local operator) and over streamable HTTP (uvicorn on loopback)."""
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Awaitable, Callable
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import anyio
 import httpx2
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from deleatur import Memory, NewMemory, Role, Space
 from deleatur.model import SpaceFilter
 from deleatur.servers.auth import BearerGate
-from deleatur.servers.mcp import build_server
+from deleatur.servers.calls import MAX_EXPORTS
+from deleatur.servers.mcp import build_server, http_app
 from deleatur.servers.pool import HandlePool
 
 from .conftest import MASTER
-from .serving import api_key, new_store, serving
+from .serving import api_key, new_store, paged_by_bytes, serving
 
 Session = Callable[[ClientSession], Awaitable[None]]
 SESSION_SECONDS = 120
@@ -256,7 +266,7 @@ def test_streamable_http(tmp_path: Path) -> None:
     opener = new_store(tmp_path / "mem.db")
     admin, agent = api_key(opener, Role.ADMIN), api_key(opener, Role.AGENT)
     pool = HandlePool(opener)
-    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+    with serving(http_app(build_server(pool), pool)) as url:
         _over_http(url, admin, _tour)
         _over_http(url, agent, _agent)
         for headers in ({}, {"Authorization": "Bearer dlt_wrong"}):
@@ -266,22 +276,127 @@ def test_streamable_http(tmp_path: Path) -> None:
     pool.close()
 
 
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+HELLO = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+
+
+def _open(url: str, key: str) -> httpx2.Response:
+    """An initialize request without a session, as a client opens one."""
+    return httpx2.post(f"{url}/mcp", json=HELLO, headers={**ACCEPT, "Authorization": f"Bearer {key}"})
+
+
+def _in_session(key: str, session: str) -> dict[str, str]:
+    return {**ACCEPT, "Authorization": f"Bearer {key}", "mcp-session-id": session, "mcp-protocol-version": "2025-06-18"}
+
+
+def _end(url: str, key: str, session: str) -> httpx2.Response:
+    return httpx2.delete(f"{url}/mcp", headers=_in_session(key, session))
+
+
 def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> None:
-    accept = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    hello = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-    }
-    opened = httpx2.post(f"{url}/mcp", json=hello, headers={**accept, "Authorization": f"Bearer {owner}"})
-    session = opened.headers["mcp-session-id"]
-    made_up = {**accept, "Authorization": f"Bearer {owner}", "mcp-session-id": "0" * 32}
-    assert httpx2.delete(f"{url}/mcp", headers=made_up).status_code == 404  # unknown to the gate: nobody's
+    session = _open(url, owner).headers["mcp-session-id"]
+    assert _end(url, owner, "0" * 32).status_code == 404  # unknown to the gate: nobody's
     for key, status in ((other, 404), (owner, 200)):
-        headers = {**accept, "Authorization": f"Bearer {key}", "mcp-session-id": session}
-        ended = httpx2.delete(f"{url}/mcp", headers={**headers, "mcp-protocol-version": "2025-06-18"})
+        ended = _end(url, key, session)
         assert ended.status_code == status, (key == owner, ended.text)
+
+
+def _refused(response: httpx2.Response) -> tuple[int, str]:
+    assert "mcp-session-id" not in response.headers
+    return response.status_code, response.json()["error"]["code"]
+
+
+def test_sessions_are_capped_per_principal_until_they_end(tmp_path: Path) -> None:
+    """One key (a viewer of one user) opened 10,000 sessions, the SDK's cap for the whole
+    server, and no other principal could open one for the next 30 minutes. Now each
+    principal holds a few at most, and a session it ends, or that goes idle, frees its slot."""
+    opener = new_store(tmp_path / "mem.db")
+    viewer, admin = api_key(opener, Role.VIEWER, scopes=["u9"]), api_key(opener, Role.ADMIN)
+    pool = HandlePool(opener)
+    now = [0.0]
+    app = http_app(build_server(pool), pool, sessions_per_principal=2, idle_timeout=60, clock=lambda: now[0])
+
+    with serving(app) as url:
+        for _ in range(3):  # a request the transport refuses opens no session, and holds no slot
+            listing = {**HELLO, "method": "tools/list", "params": {}}
+            headers = {**ACCEPT, "Authorization": f"Bearer {viewer}"}
+            assert httpx2.post(f"{url}/mcp", json=listing, headers=headers).status_code == 400
+        opened = [_open(url, viewer).headers["mcp-session-id"] for _ in range(2)]
+        assert _refused(_open(url, viewer)) == (429, "too_many_sessions")
+        assert "DELETE" in _open(url, viewer).json()["error"]["message"]
+        assert _open(url, admin).status_code == 200  # another principal is not held back
+
+        assert _end(url, viewer, opened[0]).status_code == 200  # ended by its client: its slot is free
+        opened[0] = _open(url, viewer).headers["mcp-session-id"]
+        assert _refused(_open(url, viewer)) == (429, "too_many_sessions")
+
+        # A session with a request in flight (a GET stream) is not idle, however long it lasts.
+        with httpx2.stream("GET", f"{url}/mcp", headers=_in_session(viewer, opened[0])) as stream:
+            assert stream.status_code == 200
+            now[0] += 61  # the other went idle past the timeout: the SDK has ended it
+            assert _refused(_end(url, viewer, opened[1])) == (404, "no_such_session")
+            assert _open(url, viewer).status_code == 200
+            assert _refused(_open(url, viewer)) == (429, "too_many_sessions")
+    pool.close()
+
+
+def test_sessions_opened_at_once_count_from_their_admission(tmp_path: Path) -> None:
+    """Requests sent at once must not all pass the count before any session is open:
+    the transport here answers only once every request was admitted or refused."""
+    opener = new_store(tmp_path / "mem.db")
+    viewer = api_key(opener, Role.VIEWER)
+    pool = HandlePool(opener)
+    seen, answer = threading.Semaphore(0), threading.Event()
+
+    async def open_session(_: Request) -> Response:
+        """Stands for the SDK's transport, which opens a session for a request without one."""
+        seen.release()
+        await anyio.to_thread.run_sync(answer.wait, SESSION_SECONDS)
+        return Response(headers={"mcp-session-id": uuid.uuid4().hex})
+
+    async def at_once(url: str, count: int) -> list[int]:
+        statuses: list[int] = []
+
+        async def one() -> None:
+            statuses.append((await http.post(f"{url}/mcp", json=HELLO)).status_code)
+            if statuses[-1] != 200:
+                seen.release()
+
+        async with (
+            httpx2.AsyncClient(timeout=SESSION_SECONDS, headers={"Authorization": f"Bearer {viewer}"}) as http,
+            anyio.create_task_group() as tasks,
+        ):
+            for _ in range(count):
+                tasks.start_soon(one)
+            for _ in range(count):
+                assert await anyio.to_thread.run_sync(seen.acquire, True, SESSION_SECONDS)
+            answer.set()
+        return sorted(statuses)
+
+    transport = Starlette(routes=[Route("/mcp", open_session, methods=["POST"])])
+    with serving(BearerGate(transport, pool, idle_timeout=60, per_principal=2)) as url:
+        assert anyio.run(at_once, url, 6) == [200, 200, 429, 429, 429, 429]
+    pool.close()
+
+
+def test_sessions_are_capped_for_the_whole_server(tmp_path: Path) -> None:
+    """Past the server's cap the gate answers as the API does (the SDK's own 503 is a
+    JSON-RPC error), and only while that many sessions are live."""
+    opener = new_store(tmp_path / "mem.db")
+    keys = [api_key(opener, Role.VIEWER) for _ in range(3)]
+    pool = HandlePool(opener)
+    with serving(http_app(build_server(pool), pool, max_sessions=2)) as url:
+        first = _open(url, keys[0]).headers["mcp-session-id"]
+        assert _open(url, keys[1]).status_code == 200
+        assert _refused(_open(url, keys[2])) == (503, "busy")
+        assert _end(url, keys[0], first).status_code == 200
+        assert _open(url, keys[2]).status_code == 200
+    pool.close()
 
 
 async def _misspelt(session: ClientSession) -> None:
@@ -308,19 +423,25 @@ def test_unknown_arguments_are_refused(tmp_path: Path) -> None:
     opener = new_store(tmp_path / "mem.db")
     admin = api_key(opener, Role.ADMIN)
     pool = HandlePool(opener)
-    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+    with serving(http_app(build_server(pool), pool)) as url:
         _over_http(url, admin, _misspelt)
     pool.close()
 
 
-def _with_store(tmp_path: Path, fill: Callable[[Memory], None], session_run: Session) -> None:
-    """``session_run`` over streamable HTTP as an admin, on a store ``fill`` wrote first."""
+def _with_store(
+    tmp_path: Path,
+    fill: Callable[[Memory], None],
+    session_run: Session,
+    options: Mapping[str, Any] = MappingProxyType({}),
+) -> None:
+    """``session_run`` over streamable HTTP as an admin, on a store ``fill`` wrote first,
+    by a server built with ``options`` as they are once ``fill`` has run."""
     opener = new_store(tmp_path / "mem.db")
     with opener() as memory:
         fill(memory)
     admin = api_key(opener, Role.ADMIN)
     pool = HandlePool(opener)
-    with serving(BearerGate(build_server(pool).streamable_http_app(), pool)) as url:
+    with serving(http_app(build_server(pool, **options), pool)) as url:
         _over_http(url, admin, session_run)
     pool.close()
 
@@ -500,5 +621,70 @@ def test_list_memories_pages_with_a_cursor(tmp_path: Path) -> None:
         assert short["next"] == written[103]
         bad = await session.call_tool("list_memories", {"user_id": "pg", "after": "nope"})
         assert bad.is_error and "not a record id" in _text(bad)
+
+    _with_store(tmp_path, fill, run)
+
+
+def test_list_pages_and_exports_are_capped_by_bytes(tmp_path: Path) -> None:
+    """export_memory held a whole export several times over (93 MiB of records took the
+    server to 1.6 GiB), and then the SDK's own client refused the answer, over 1 MiB; a
+    page of list_memories could hold 10,000 records of 64 KiB. Now a page stops before
+    passing the cap, and an export over it is refused, saying where to get it."""
+    options: dict[str, Any] = {}
+    pages: list[list[str]] = []
+
+    def fill(memory: Memory) -> None:
+        options["max_result_bytes"], found = paged_by_bytes(memory, Space("bytes"))
+        pages.extend(found)
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        got: list[list[str]] = []
+        after: dict[str, str] = {}
+        while True:
+            page = await _data(session, "list_memories", user_id="bytes", limit=100, **after)
+            got.append([r["id"] for r in page["records"]])
+            if page["next"] is None:
+                break
+            after = {"after": page["next"]}
+        assert got == pages
+        refused = await session.call_tool("export_memory", {"user_id": "bytes"})
+        assert refused.is_error and refused.structured_content is not None
+        assert refused.structured_content["error"]["code"] == "result_too_large"
+        assert "GET /v1/export" in _text(refused) and "deleatur export" in _text(refused)
+
+    _with_store(tmp_path, fill, run, options)
+
+
+def test_exports_beyond_the_limit_are_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MCP exports had no cap on how many run at once (HTTP's had, at 4): now they share it."""
+    entered, finish = threading.Semaphore(0), threading.Event()
+    export_json = Memory.export_json
+
+    def held(memory: Memory, out: Any, **which: Any) -> dict[str, int]:
+        entered.release()
+        finish.wait(SESSION_SECONDS)
+        return export_json(memory, out, **which)
+
+    monkeypatch.setattr(Memory, "export_json", held)
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        try:
+            async with anyio.create_task_group() as tasks:
+                for _ in range(MAX_EXPORTS):
+                    tasks.start_soon(functools.partial(_call, session, "export_memory", user_id="u1"))
+                for _ in range(MAX_EXPORTS):
+                    assert await anyio.to_thread.run_sync(entered.acquire, True, SESSION_SECONDS)
+                busy = await session.call_tool("export_memory", {"user_id": "u1"})
+                finish.set()
+        finally:
+            finish.set()
+        assert busy.is_error and busy.structured_content is not None
+        assert busy.structured_content["error"]["code"] == "busy"
+        assert (await _data(session, "export_memory", user_id="u1"))["counts"]["records"] == 1  # the slots are free
+
+    def fill(memory: Memory) -> None:
+        memory.remember("a note", subject="Kim", space=Space("u1"))
 
     _with_store(tmp_path, fill, run)

@@ -12,9 +12,9 @@ from starlette.types import ASGIApp
 
 from ..crypto.master import from_environment
 from ..memory import Memory
-from ..servers.auth import BearerGate
+from ..servers.auth import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
 from ..servers.http import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES, create_app
-from ..servers.mcp import build_server
+from ..servers.mcp import build_server, http_app
 from ..servers.pool import HandlePool
 from ..servers.workers import listen, run_workers
 from .common import Options, app, err, store_tenant
@@ -80,6 +80,21 @@ def serve_mcp(
     ),
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8766,
+    sessions_per_principal: Annotated[
+        int,
+        typer.Option(
+            "--sessions-per-principal", min=1, help="HTTP: live sessions one principal may hold; more get 429."
+        ),
+    ] = DEFAULT_SESSIONS_PER_PRINCIPAL,
+    max_sessions: Annotated[
+        int, typer.Option("--max-sessions", min=1, help="HTTP: live sessions in all; more get 503.")
+    ] = DEFAULT_MAX_SESSIONS,
+    session_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--session-idle-timeout", min=1, help="HTTP: seconds without a request after which a session ends."
+        ),
+    ] = DEFAULT_SESSION_IDLE_TIMEOUT,
 ) -> None:
     """An MCP server: over stdio for a local client (as the local operator, or as the
     principal of --api-key), or streamable HTTP at /mcp (bearer API keys)."""
@@ -93,6 +108,19 @@ def serve_mcp(
             server.run("stdio")
         else:
             # One process: MCP sessions live in its memory. Its tools run in threads.
-            _serve("MCP server", host, port, "/mcp", lambda: BearerGate(server.streamable_http_app(host=host), pool))
+            _serve(
+                "MCP server",
+                host,
+                port,
+                "/mcp",
+                lambda: http_app(
+                    server,
+                    pool,
+                    host=host,
+                    sessions_per_principal=sessions_per_principal,
+                    max_sessions=max_sessions,
+                    idle_timeout=session_idle_timeout,
+                ),
+            )
     finally:
         pool.close()

@@ -6,8 +6,11 @@ handle on which the library authorizes and audits every call as that principal.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
+import anyio
 import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -19,9 +22,14 @@ from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 SESSION_HEADER = "mcp-session-id"
-#: Sessions whose owner the gate remembers; the oldest are forgotten first, and a
-#: forgotten session can no longer be used by anyone (its client opens a new one).
-MAX_SESSIONS = 10_000
+#: Live MCP sessions one principal may hold at once: enough for an agent's clients
+#: and their reconnections, few enough that no key can take the whole server's.
+DEFAULT_SESSIONS_PER_PRINCIPAL = 16
+#: Live MCP sessions in all (the SDK's own default is 10,000, some 37 KiB each).
+DEFAULT_MAX_SESSIONS = 1_000
+#: Seconds a session may go without a request in flight before it ends, freeing its
+#: slot (the SDK's own default is 30 minutes). A client whose session ended opens another.
+DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 #: Sent with every 401, as RFC 6750 asks.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="deleatur"'}
 
@@ -39,17 +47,56 @@ def as_caller(memory: Memory, api_key: str) -> Memory:
     return memory.as_principal(memory.authenticate(api_key))
 
 
+@dataclass(slots=True)
+class _Session:
+    principal: str
+    #: Requests of the session in flight (an open GET stream included).
+    busy: int = 0
+    #: When the last one ended.
+    idle_since: float = 0.0
+
+
 class BearerGate:
     """Refuses, with 401, every HTTP request without a valid API key before it reaches
     ``app`` (the MCP transport, which would otherwise open a session first), and binds
     each MCP session to the principal that opened it: another key presenting its
     session id is told the session does not exist (404), so it can neither listen to
-    the session's stream nor end it."""
+    the session's stream nor end it.
 
-    def __init__(self, app: ASGIApp, pool: HandlePool) -> None:
+    It also caps the live sessions of each principal (``per_principal``; more get 429
+    ``too_many_sessions``) and of everyone (``max_sessions``; more get 503 ``busy``), so
+    that no key can take every session the server holds. A session stops counting when
+    its principal ends it (DELETE) or when it has had no request in flight for
+    ``idle_timeout`` seconds, which must be the transport's own: then the SDK has ended
+    it too. The SDK tells the HTTP layer nothing when it ends a session, so the gate
+    keeps the same clock: it sees every request of every session, and each ends here
+    after it ended in the SDK, so the gate frees a slot no sooner than the SDK does. A session the SDK
+    ended otherwise (a crash) holds its slot until its idle time would have run out."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        pool: HandlePool,
+        *,
+        idle_timeout: float,
+        per_principal: int = DEFAULT_SESSIONS_PER_PRINCIPAL,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if per_principal < 1 or max_sessions < 1 or not idle_timeout > 0:
+            raise ValueError("session limits and the idle timeout must be positive")
         self.app = app
         self.pool = pool
-        self.owners: OrderedDict[str, str] = OrderedDict()
+        self.idle_timeout = idle_timeout
+        self.per_principal = per_principal
+        self.max_sessions = max_sessions
+        # The transport's clock (anyio's), so that both measure the same idle time.
+        self.clock = clock or anyio.current_time
+        self.sessions: dict[str, _Session] = {}
+        #: Each principal's live sessions, and the sessions being opened for it now:
+        #: counted from admission on, so that requests sent at once cannot all pass.
+        self.held: dict[str, set[str]] = {}
+        self.opening: Counter[str] = Counter()
 
     def _principal(self, api_key: str) -> str:
         with self.pool.lease() as memory:
@@ -64,23 +111,123 @@ class BearerGate:
             api_key = bearer_token(headers.get("authorization"))
             principal = await anyio.to_thread.run_sync(self._principal, api_key)
         except AuthenticationError as exc:
-            info = error_info(exc)
-            await JSONResponse(info.to_json(), status_code=info.status, headers=CHALLENGE)(scope, receive, send)
+            await _refuse(error_info(exc), scope, receive, send, CHALLENGE)
             return
-        session = headers.get(SESSION_HEADER)
-        # A session the gate did not see opened (or has forgotten) is nobody's to use.
-        if session is not None and self.owners.get(session) != principal:
-            info = ErrorInfo(404, "no_such_session", "no such MCP session")
-            await JSONResponse(info.to_json(), status_code=404)(scope, receive, send)
+        session_id = headers.get(SESSION_HEADER)
+        if session_id is None:
+            refusal = self._admit(principal)
+            if refusal is not None:
+                await _refuse(refusal, scope, receive, send)
+                return
+            await self._open(principal, scope, receive, send)
             return
+        session = self.sessions.get(session_id)
+        if session is not None and not self._live(session):
+            self._forget(session_id)  # the SDK has ended it, or is about to
+            session = None
+        # A session the gate did not see opened (or that ended) is nobody's to use.
+        if session is None or session.principal != principal:
+            await _refuse(ErrorInfo(404, "no_such_session", "no such MCP session"), scope, receive, send)
+            return
+        await self._use(session_id, session, scope, receive, send)
+
+    def _live(self, session: _Session) -> bool:
+        return session.busy > 0 or self.clock() - session.idle_since < self.idle_timeout
+
+    def _forget(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return  # already ended
+        held = self.held[session.principal]
+        held.discard(session_id)
+        if not held:
+            del self.held[session.principal]
+
+    def _prune(self, session_ids: Iterable[str]) -> None:
+        """Forget those of ``session_ids`` that have ended."""
+        for session_id in [s for s in session_ids if not self._live(self.sessions[s])]:
+            self._forget(session_id)
+
+    def _admit(self, principal: str) -> ErrorInfo | None:
+        """Count a session being opened for ``principal`` in, or say why not. No await
+        between the count and the check: the event loop runs one request here at a time."""
+        self._prune(self.held.get(principal, ()))
+        holds = len(self.held.get(principal, ())) + self.opening[principal]
+        if holds >= self.per_principal:
+            return ErrorInfo(
+                429,
+                "too_many_sessions",
+                f"the principal of this API key holds {holds} MCP sessions, the most one principal"
+                f" may: end one (DELETE with its Mcp-Session-Id), or wait: a session ends once it has"
+                f" had no request for {self.idle_timeout:g} s",
+            )
+        if len(self.sessions) + self.opening.total() >= self.max_sessions:
+            self._prune(self.sessions)  # rarely: only with the server full
+            if len(self.sessions) + self.opening.total() >= self.max_sessions:
+                message = f"the server holds {self.max_sessions} MCP sessions, as many as it may; try again later"
+                return ErrorInfo(503, "busy", message)
+        self.opening[principal] += 1
+        return None
+
+    async def _open(self, principal: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Let the transport open a session for ``principal`` (counted in ``opening``),
+        and hold it from when, as the transport does, it answers with the session's id
+        and a status below 400, unless the opening request then fails."""
+        opening, opened = True, None
 
         async def bind(message: Message) -> None:
-            if message["type"] == "http.response.start" and session is None:
-                opened = Headers(raw=message.get("headers", [])).get(SESSION_HEADER)
-                if opened is not None:
-                    self.owners[opened] = principal
-                    if len(self.owners) > MAX_SESSIONS:
-                        self.owners.popitem(last=False)
+            nonlocal opening, opened
+            if message["type"] == "http.response.start" and opening:
+                opening = False
+                self._opened(principal)
+                session_id = Headers(raw=message.get("headers", [])).get(SESSION_HEADER)
+                if session_id is not None and message["status"] < 400:
+                    opened = session_id
+                    self.sessions[session_id] = _Session(principal, busy=1)
+                    self.held.setdefault(principal, set()).add(session_id)
             await send(message)
 
-        await self.app(scope, receive, bind)
+        try:
+            await self.app(scope, receive, bind)
+        except BaseException:
+            if opened is not None:
+                self._forget(opened)  # as the transport discards it
+            raise
+        finally:
+            if opening:
+                self._opened(principal)
+            elif opened in self.sessions:
+                self._ended_request(self.sessions[opened])
+
+    def _opened(self, principal: str) -> None:
+        self.opening[principal] -= 1
+        if not self.opening[principal]:
+            del self.opening[principal]
+
+    async def _use(self, session_id: str, session: _Session, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
+
+        async def watch(message: Message) -> None:
+            nonlocal ended
+            if message["type"] == "http.response.start":
+                # The transport's DELETE ends the session (the app has no other DELETE).
+                ended = scope["method"] == "DELETE" and 200 <= message["status"] < 300
+            await send(message)
+
+        session.busy += 1
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            self._ended_request(session)
+            if ended:
+                self._forget(session_id)
+
+    def _ended_request(self, session: _Session) -> None:
+        session.busy -= 1
+        session.idle_since = self.clock()
+
+
+async def _refuse(
+    info: ErrorInfo, scope: Scope, receive: Receive, send: Send, headers: dict[str, str] | None = None
+) -> None:
+    await JSONResponse(info.to_json(), status_code=info.status, headers=headers)(scope, receive, send)

@@ -3,7 +3,9 @@ once, so the HTTP routes and the MCP tools cannot drift apart."""
 
 from __future__ import annotations
 
+import json
 import secrets
+import threading
 from typing import Any
 
 from ..erasure.verify import verify_certificate
@@ -13,9 +15,18 @@ from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, check_int, check_name
+from .errors import ServerBusyError
 
 #: The most records one page of a listing holds, over HTTP and MCP alike.
 MAX_PAGE = 10_000
+#: The most one page of ``GET /v1/memories`` holds, by :func:`record_bytes`: a page is
+#: built whole in memory, and 10,000 records of 64 KiB each would be 640 MiB.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
+#: Exports running at once, per server process; more are refused with 503 ``busy``.
+MAX_EXPORTS = 4
+#: What a record's JSON holds besides the fields :func:`record_bytes` measures: member
+#: names, ids, the status, times and numbers (some 450 bytes).
+_RECORD_OVERHEAD = 512
 
 
 def public_key(memory: Memory) -> dict[str, str]:
@@ -39,6 +50,19 @@ def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | N
     return verify_certificate(certificate, expected_key=key)
 
 
+def record_bytes(record: Record) -> int:
+    """About the size of ``record``'s JSON, as a page caps it: its text, names and
+    metadata in UTF-8, its lineage's ids, and a fixed allowance for the rest. Not the
+    JSON itself: encoding every record once more would add a sixth to a page's time."""
+    names = (record.subject, record.subject_original, record.key, record.source, record.reason, record.actor)
+    space = (record.space.user_id, record.space.agent_id, record.space.run_id)
+    size = _RECORD_OVERHEAD + len(record.text.encode()) + sum(len(n.encode()) for n in (*names, *space) if n)
+    size += sum(len(parent) + 3 for parent in record.derived_from)
+    if record.metadata:
+        size += len(json.dumps(record.metadata, ensure_ascii=False).encode())
+    return size
+
+
 def list_page(
     memory: Memory,
     *,
@@ -48,20 +72,50 @@ def list_page(
     include_history: bool,
     limit: int,
     after: str | None,
+    max_bytes: int,
 ) -> tuple[list[Record], str | None]:
-    """Up to ``limit`` records of ``memory.list`` after the record ``after``, and the
-    cursor of the next page: the last one's id, or None when no record follows. One
-    record more than the page is read, so a page that ends the listing says so even
-    when it is full, and a caller never has to fetch an empty page to learn it."""
+    """Up to ``limit`` records of ``memory.list`` after the record ``after``, and no
+    more than ``max_bytes`` of them (:func:`record_bytes`) but for a first record larger
+    than that, which comes alone; and the cursor of the next page: the last one's id, or
+    None when no record follows. One record more than the page is read, so a page that
+    ends the listing says so even when it is full, and a caller never has to fetch an
+    empty page to learn it. Records are read one at a time, so a page cut short by
+    ``max_bytes`` never decrypted the ``limit`` records it did not hold."""
     check_int(limit, "limit", low=1)
-    records = list(
-        memory.list(
-            space=space, subject=subject, key=key, include_history=include_history, limit=limit + 1, after=after
-        )
+    check_int(max_bytes, "max_bytes", low=1)
+    records = memory.list(
+        space=space, subject=subject, key=key, include_history=include_history, limit=limit + 1, after=after
     )
-    if len(records) > limit:
-        return records[:limit], records[limit - 1].id
-    return records, None
+    page: list[Record] = []
+    size = 0
+    for record in records:
+        size += record_bytes(record)
+        if len(page) == limit or (page and size > max_bytes):
+            # Returning drops the listing unfinished, which ends its statement on the handle.
+            return page, page[-1].id
+        page.append(record)
+    return page, None
+
+
+class Exports:
+    """The exports running now in one server process: at most ``limit``, since each
+    holds a thread, a store handle and (over MCP, whose answers are whole) its text."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def begin(self) -> None:
+        """Count an export in, or refuse it (503 ``busy``); the caller calls ``end``."""
+        with self._lock:
+            if self.live >= self.limit:
+                raise ServerBusyError(f"{self.limit} exports are running; try again when one has finished")
+            self.live += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.live -= 1
 
 
 def on_behalf(memory: Memory, named: str | None, what: str) -> str:

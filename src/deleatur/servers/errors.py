@@ -34,6 +34,11 @@ class ServerBusyError(DeleaturError):
     """A server refuses work it has no room for now (503); the caller may retry."""
 
 
+class ResultTooLargeError(DeleaturError):
+    """An answer would be larger than a server sends in one piece; the message says
+    where to get it instead. Retrying the same call will not help."""
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     status: int
@@ -68,6 +73,7 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     StoreBusyError: (503, "store_busy"),
     StoreError: (503, "store_unavailable"),
     ServerBusyError: (503, "busy"),
+    ResultTooLargeError: (422, "result_too_large"),
     IntegrityError: (500, "integrity_error"),
 }
 

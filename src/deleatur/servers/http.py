@@ -38,8 +38,19 @@ from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
 from ..sqlitefile import first_try
 from .auth import CHALLENGE, as_caller
-from .calls import MAX_PAGE, check_certificate, check_receipt, list_page, new_request_id, on_behalf, public_key
-from .errors import ErrorInfo, ServerBusyError, error_info
+from .calls import (
+    MAX_EXPORTS,
+    MAX_PAGE,
+    MAX_PAGE_BYTES,
+    Exports,
+    check_certificate,
+    check_receipt,
+    list_page,
+    new_request_id,
+    on_behalf,
+    public_key,
+)
+from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 #: The largest request body accepted: a record's text is at most 64 KiB, so 1 MiB
@@ -351,8 +362,6 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
 
 
 _EXPORT_CHUNK = 64 * 1024
-#: Exports running at once; more get 503.
-MAX_EXPORTS = 4
 _DONE = object()
 
 
@@ -392,29 +401,8 @@ class _ChunkWriter:
                     raise _Cancelled from None
 
 
-class _Exports:
-    """The exports running now, each in a thread on a handle of its own: at most
-    ``limit`` (each holds a thread, a handle and its files)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.live = 0
-        self._lock = threading.Lock()
-
-    def begin(self) -> bool:
-        with self._lock:
-            if self.live >= self.limit:
-                return False
-            self.live += 1
-            return True
-
-    def end(self) -> None:
-        with self._lock:
-            self.live -= 1
-
-
 async def _stream_export(
-    exports: _Exports, open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
+    exports: Exports, open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
 ) -> AsyncIterator[str]:
     """Run the export in a thread on a handle of its own, so the pool's handle stays
     free for other requests meanwhile. Returns the body's chunks once the first exists,
@@ -461,15 +449,20 @@ async def _stream_export(
 
 
 def create_app(
-    open_memory: Callable[[], Memory], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, handles: int = DEFAULT_HANDLES
+    open_memory: Callable[[], Memory],
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    handles: int = DEFAULT_HANDLES,
+    max_page_bytes: int = MAX_PAGE_BYTES,
 ) -> FastAPI:
     """The API over the store ``open_memory`` opens, at most ``handles`` times: no more
     library calls run at once than there are handles (the others wait in the event
     loop, not in threads). Each runs in a worker thread on a leased handle, except
     that with one handle (the default) the memory routes run in the event loop itself
-    (see ``serve``)."""
+    (see ``serve``). A page of ``GET /v1/memories`` holds at most ``max_page_bytes``
+    (``calls.list_page``)."""
     pool = HandlePool(open_memory, limit=handles)
-    exports = _Exports(MAX_EXPORTS)
+    exports = Exports(MAX_EXPORTS)
     workers = anyio.CapacityLimiter(handles)
 
     @asynccontextmanager
@@ -670,11 +663,20 @@ def create_app(
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Records of one space, oldest first (active ones unless ``history``), a page at a
-        time: ``next`` is the cursor of the following page, null after the last."""
+        time: ``next`` is the cursor of the following page, null after the last. A page
+        holds at most ``limit`` records and about 4 MiB of them (one larger record comes
+        alone): a page may hold fewer than ``limit`` and still have a ``next``."""
         where = Space(user_id, agent_id, run_id)
         records, cursor = await serve(
             lambda m: list_page(
-                m, space=where, subject=subject, key=key, include_history=history, limit=limit, after=after
+                m,
+                space=where,
+                subject=subject,
+                key=key,
+                include_history=history,
+                limit=limit,
+                after=after,
+                max_bytes=max_page_bytes,
             ),
             inline=True,
         )
@@ -907,8 +909,7 @@ def create_app(
         export is the subject's plaintext, and a temporary file would outlive a later
         erasure in the disk's free blocks). A refusal comes as an error status; a failure
         after the first bytes can only cut the stream short, which leaves invalid JSON."""
-        if not exports.begin():
-            raise ServerBusyError(f"{exports.limit} exports are running; try again when one has finished")
+        exports.begin()
         chunks = await _stream_export(exports, open_memory, _API_KEY.get(), subject, user_id)
         return StreamingResponse(chunks, media_type="application/json")
 

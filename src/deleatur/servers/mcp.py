@@ -14,7 +14,6 @@ spaces without an agent or a run.
 # with typing.get_type_hints, which cannot resolve string annotations of functions
 # defined inside build_server.
 
-import io
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -32,14 +31,34 @@ from ..erasure.engine import ErasureResult
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
-from .auth import as_caller, bearer_token
-from .calls import MAX_PAGE, check_certificate, check_receipt, list_page, new_request_id, public_key
-from .errors import ErrorInfo, error_info
+from .auth import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_SESSIONS_PER_PRINCIPAL,
+    BearerGate,
+    as_caller,
+    bearer_token,
+)
+from .calls import (
+    MAX_EXPORTS,
+    MAX_PAGE,
+    Exports,
+    check_certificate,
+    check_receipt,
+    list_page,
+    new_request_id,
+    public_key,
+)
+from .errors import ErrorInfo, ResultTooLargeError, error_info
 from .pool import HandlePool
 
 Ctx = Context[Any, Any]
 F = TypeVar("F", bound=Callable[..., CallToolResult])
 DEFAULT_BASIS = "Art. 17"
+#: The most a page of list_memories (by calls.record_bytes) or an export_memory answer
+#: holds. An answer is built whole, and carries its records twice (as text and as
+#: structured content); the SDK's own client refuses one over 1 MiB.
+MAX_RESULT_BYTES = 256 * 1024
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 ADDITIVE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
@@ -128,6 +147,26 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
     return _ok(text, result.to_json(system_clock()))
 
 
+class _Capped:
+    """An export's text, refused past ``limit`` bytes: written on until then, so a large
+    export stops there, and is never held whole."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.size += len(text.encode())
+        if self.size > self.limit:
+            raise ResultTooLargeError(
+                f"the export is over the {self.limit} bytes an MCP answer holds: get it from the HTTP API"
+                " (GET /v1/export streams it) or the CLI (deleatur export --user or --subject)"
+            )
+        self.parts.append(text)
+        return len(text)
+
+
 class _AsHttpTakesThem(BaseModel):
     # As HTTP's bodies: JSON types as sent (an integer still stands for a number, as
     # JSON has no other), and no other members.
@@ -190,9 +229,13 @@ class _Server(MCPServer[Any]):
             )
 
 
-def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPServer[Any]:
+def build_server(
+    pool: HandlePool, *, local_api_key: str | None = None, max_result_bytes: int = MAX_RESULT_BYTES
+) -> MCPServer[Any]:
     """The MCP server over ``pool``'s store. Over stdio it acts as the local operator,
-    or as the principal of ``local_api_key`` (an agent's own, narrower key)."""
+    or as the principal of ``local_api_key`` (an agent's own, narrower key). A page of
+    ``list_memories`` and an ``export_memory`` answer hold at most ``max_result_bytes``."""
+    exports = Exports(MAX_EXPORTS)
     # Built here rather than by server.tool(), which keeps the Tool it builds: each gets
     # its strict argument model before the server is given the list.
     tools: list[Tool] = []
@@ -294,8 +337,9 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
         run_id: str = "",
     ) -> CallToolResult:
         """The memories of one space, oldest first (active ones unless include_history), a
-        page of at most limit at a time: while more remain the answer's next is a record
-        id, to pass as after for the following page; next is null after the last page."""
+        page of at most limit at a time (fewer if they are long): while more remain the
+        answer's next is a record id, to pass as after for the following page; next is null
+        after the last page."""
 
         def run(memory: Memory) -> CallToolResult:
             records, cursor = list_page(
@@ -306,6 +350,7 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
                 include_history=include_history,
                 limit=limit,
                 after=after,
+                max_bytes=max_result_bytes,
             )
             return _page(records, cursor)
 
@@ -463,14 +508,19 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     @tool(READ_ONLY)
     def export_memory(ctx: Ctx, user_id: str | None = None, subject: str | None = None) -> CallToolResult:
         """Art. 15/20: everything held about a user (all its spaces) or a subject, as JSON: give
-        exactly one of user_id and subject."""
+        exactly one of user_id and subject. A large export is refused (result_too_large):
+        get it from the HTTP API or the CLI, which stream it."""
 
         def run(memory: Memory) -> CallToolResult:
-            buffer = io.StringIO()
-            counts = memory.export_json(buffer, subject=subject, user_id=user_id)
-            document: dict[str, Any] = json.loads(buffer.getvalue())
+            exports.begin()
+            try:
+                out = _Capped(max_result_bytes)
+                counts = memory.export_json(out, subject=subject, user_id=user_id)
+            finally:
+                exports.end()
+            text = "".join(out.parts)
             what = f"'{subject}'" if subject else f"'{user_id}'"
-            return _ok(f"Exported {counts['records']} record(s) for {what}.\n{buffer.getvalue()}", document)
+            return _ok(f"Exported {counts['records']} record(s) for {what}.\n{text}", json.loads(text))
 
         return call(ctx, run)
 
@@ -605,4 +655,29 @@ def build_server(pool: HandlePool, *, local_api_key: str | None = None) -> MCPSe
     )
 
 
-__all__ = ["build_server"]
+def http_app(
+    server: MCPServer[Any],
+    pool: HandlePool,
+    *,
+    host: str = "127.0.0.1",
+    sessions_per_principal: int = DEFAULT_SESSIONS_PER_PRINCIPAL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
+    clock: Callable[[], float] | None = None,
+) -> BearerGate:
+    """``server`` over streamable HTTP at ``/mcp``, behind the bearer-key gate, which
+    caps the sessions of each principal and of everyone (see ``BearerGate``). The
+    transport gets the same caps and idle timeout, so that the gate's count and the
+    SDK's agree; ``clock`` replaces the gate's (tests)."""
+    app = server.streamable_http_app(host=host, max_sessions=max_sessions, session_idle_timeout=idle_timeout)
+    return BearerGate(
+        app,
+        pool,
+        idle_timeout=idle_timeout,
+        per_principal=sessions_per_principal,
+        max_sessions=max_sessions,
+        clock=clock,
+    )
+
+
+__all__ = ["build_server", "http_app"]
