@@ -225,7 +225,7 @@ def test_the_table_covers_every_guarded_method() -> None:
     # Covered elsewhere: the same guard as a listed twin, key management (admin only), or
     # audit pruning (the operator only: test_audit.py).
     twins = {
-        "remember_many", "export_csv", "revoke_principal", "residue", "prove", "consistency_request",
+        "remember_many", "export_csv", "revoke_principal", "residue", "prove", "consistency_request", "rotation_proof",
         "add_cosignatures", "new_signing_key", "rotate_signing_key", "prune_audit",
     }  # fmt: skip
     assert guarded == exercised | twins

@@ -431,6 +431,7 @@ NOT_IN_CLIENT = {
     "announced_keys",
     "add_cosignatures",
     "consistency_request",
+    "rotation_proof",
     "prove",
     "prune_audit",
     "set_retention",

@@ -72,7 +72,7 @@ from .log.report import Report
 from .log.tlog import LogError, TransparencyLog
 from .log.tlogproof import TlogProof
 from .log.verify import verify_log
-from .log.witness import format_request
+from .log.witness import format_request, format_rotation_proof
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
@@ -703,8 +703,31 @@ class Memory:
         With ``new_witness``, ask a witness that has not seen this log yet to cosign
         ``old`` itself: a request from size 0, which needs no proof; later requests
         then start from ``old``."""
-        check_type(old, Note, "old")
         check_type(new_witness, bool, "new_witness")
+        previous, current, size = self._extension_of(old)
+        if new_witness:
+            return format_request(0, [], old)
+        return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
+
+    @guarded("log.consistency", (V, R), audit=False)
+    def rotation_proof(self, old: Note) -> str:
+        """What a witness that cosigned ``old`` needs to follow this log's key rotations
+        (`witness update-log`): the add-checkpoint request proving the log extends ``old``
+        up to a checkpoint signed by the current key, and every key announcement with its
+        inclusion proof in that checkpoint's tree."""
+        previous, current, size = self._extension_of(old)
+        entries = [
+            (index, self.log.entry(index), self.log.inclusion_proof(index, size))
+            for _, _, index, _ in self.backend.signing_keys()
+            if index < size
+        ]
+        request = format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
+        return format_rotation_proof(request, entries)
+
+    def _extension_of(self, old: Note) -> tuple[Checkpoint, Note, int]:
+        """``old`` parsed, once checked to be a checkpoint this log signed of a prefix of
+        it, with the current checkpoint and its size."""
+        check_type(old, Note, "old")
         try:
             open_note(old, self.log.verifiers())
             previous = Checkpoint.parse(old.text)
@@ -718,9 +741,7 @@ class Memory:
             raise LogError(f"the log has {size} entries, fewer than the old checkpoint's {previous.size}")
         if self.log.root(previous.size) != previous.root:
             raise LogError(f"this log's root at size {previous.size} differs from the old checkpoint's")
-        if new_witness:
-            return format_request(0, [], old)
-        return format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
+        return previous, current, size
 
     @guarded("log.cosign", A)
     def add_cosignatures(self, lines: str, witness: CosignatureVerifier, *, size: int | None = None) -> Note:

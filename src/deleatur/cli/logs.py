@@ -16,6 +16,7 @@ from ..log.receipt import Receipt, verify_receipt
 from ..log.retention import pruned_leaf
 from ..log.witness import Witness
 from ..model import Space
+from ..store.evidence import StoreEvidence
 from .common import (
     AgentOpt,
     JsonOpt,
@@ -132,6 +133,19 @@ def log_consistency(
     write_output(out_file, body)
 
 
+@log_app.command("rotation-proof")
+def log_rotation_proof(
+    old_checkpoint: Annotated[str, typer.Argument(help="The checkpoint the witness last cosigned ('-': stdin).")],
+    out_file: OutOpt = None,
+) -> None:
+    """What a witness needs to follow a key rotation (`witness update-log`): the log extends
+    OLD_CHECKPOINT, and its key announcements, each endorsed by the key before it."""
+    old = _note(read_input(old_checkpoint), "old checkpoint")
+    with open_memory() as memory:
+        proof = memory.rotation_proof(old)
+    write_output(out_file, proof)
+
+
 @log_app.command("add-cosignature")
 def log_add_cosignature(
     signatures: Annotated[str, typer.Argument(help="The witness's signature lines ('-': stdin).")],
@@ -197,16 +211,32 @@ def verify_receipt_command(
     key: Annotated[
         str | None, typer.Option("--key", help="The log's verifier key, obtained out of band (recommended).")
     ] = None,
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store",
+            help="With --key: a receipt signed before a key rotation is checked through this store's key chain"
+            " (read-only).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a write receipt; with --key no store is needed."""
+    """Check a write receipt; with --key no store is needed (but for one signed by an earlier key)."""
     try:
         parsed = Receipt.loads(read_input(receipt_file))
         origin = Checkpoint.parse(parsed.proof.checkpoint.text).origin
     except NoteError as exc:
         raise InvalidInputError(f"{receipt_file}: {exc.message}") from None
     if key is not None:
-        report = verify_receipt(parsed, [pin_key(key, origin)], pinned=True)
+        pinned = [pin_key(key, origin)]
+        evidence = None if store is None else StoreEvidence(store)
+        try:
+            report = verify_receipt(parsed, pinned, pinned=True, store=evidence)
+        finally:
+            if evidence is not None:
+                evidence.close()
+    elif store is not None:
+        raise InvalidInputError("--store goes with --key: it follows the pinned key's chain back to earlier keys")
     else:
         with open_memory() as memory:
             report = verify_receipt(parsed, memory.announced_keys(), pinned=False)
@@ -233,6 +263,22 @@ def witness_add_log(state: WitnessOpt, vkey: str) -> None:
     finally:
         witness.close()
     out.print(f"now witnessing {origin}", markup=False, highlight=False)
+
+
+@witness_app.command("update-log")
+def witness_update_log(
+    state: WitnessOpt,
+    vkey: Annotated[str, typer.Argument(help="The log's new verifier key, obtained out of band.")],
+    proof: Annotated[str, typer.Argument(help="A proof from `deleatur log rotation-proof` ('-': stdin).")],
+) -> None:
+    """Follow a log's key rotation: trust VKEY once PROOF shows the key trusted now endorsed it
+    in the log this witness cosigned."""
+    witness = Witness.open(state)
+    try:
+        origin = witness.update_log(pin_key(vkey, "").vkey, read_input(proof))
+    finally:
+        witness.close()
+    out.print(f"now witnessing {origin} under its key {vkey.strip()}", markup=False, highlight=False)
 
 
 @witness_app.command("cosign")

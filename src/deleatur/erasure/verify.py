@@ -5,7 +5,11 @@ key and an earlier checkpoint the reader pinned, and optionally read-only access
 to the store's files. It runs these checks, in order:
 
  1. format              the certificate parses and is a version we know
- 2. signature           the body's Ed25519 signature verifies (under the pinned key, if pinned)
+ 2. signature           the body's Ed25519 signature verifies (under the pinned key, if pinned;
+                        with --store, also under an earlier key the log proves endorsed up to
+                        the pinned one, see :mod:`deleatur.log.keychain`; offline, such a
+                        certificate fails naming its key: it cannot carry a chain up to a key
+                        made after it was issued, so the format is unchanged)
  3. checkpoint          the checkpoint is signed by the same key
  4. tombstones          every tombstone is this request's, and included under the checkpoint
  5. attests_erasure     at least one record was erased, the request is complete
@@ -30,18 +34,10 @@ from ..errors import InvalidInputError, NotFoundError
 from ..ids import is_record_id
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
-from ..log.merkle import (
-    ProofError,
-    consistency_proof,
-    inclusion_proof,
-    leaf_hash,
-    subtree_root,
-    verify_consistency,
-    verify_inclusion,
-)
-from ..log.note import Note, NoteError, Verifier
+from ..log.keychain import KeyChain, key_entry_proofs, proven_key_chain, unproven_hint
+from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
+from ..log.note import Note, NoteError, Verifier, describe, signers_of
 from ..log.report import Report
-from ..log.verify import announce_key
 from ..model import check_tenant
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
@@ -152,19 +148,24 @@ def verify_certificate(
         return report
     report.add("format", True, f"{FORMAT}, request {request_id}")
 
-    trusted = key
+    trusted, endorsement = key, ""
     if expected_key is not None and expected_key.vkey != key.vkey:
-        report.add("signature", False, "signed by a different key than the pinned one")
-        trusted = expected_key
-    elif key.verify_bytes(message, signature):
-        report.add("signature", True, f"every field signed by {key.name} ({key.key_id.hex()})")
-    else:
-        report.add("signature", False, "the signature over the certificate does not verify")
+        try:
+            endorsement = _endorsed(expected_key, key, note, store)
+        except NoteError as exc:
+            report.add("signature", False, exc.message)
+            trusted = expected_key
+    if trusted is key:
+        if key.verify_bytes(message, signature):
+            report.add("signature", True, f"every field signed by {describe(key)}{endorsement}")
+        else:
+            report.add("signature", False, "the signature over the certificate does not verify")
 
     if any(trusted.matches(s) and trusted.verify(note.text, s) for s in note.signatures):
         report.add("checkpoint", True, f"tree of {checkpoint.size} entries signed by the same key")
     else:
-        report.add("checkpoint", False, "the checkpoint is not signed by the certificate's key")
+        whose = "the certificate's key" if trusted is key else "the pinned key"
+        report.add("checkpoint", False, f"the checkpoint is not signed by {whose}")
 
     # Parsed once for the two checks that read them, each reporting a malformed list itself.
     tombstones: list[_Tombstone] | _Invalid
@@ -184,7 +185,7 @@ def verify_certificate(
             "earlier, or one a witness cosigned."
         )
     else:
-        report.add("pinned_checkpoint", *_pinned(expected_checkpoint, trusted, checkpoint, store))
+        report.add("pinned_checkpoint", *_pinned(expected_checkpoint, trusted, expected_key, checkpoint, store))
     if expected_key is None:
         report.notes.append(
             "KEY NOT PINNED: the key inside the certificate was trusted; a forged certificate carries its "
@@ -276,41 +277,57 @@ def _tombstones(
     return True, f"{len(seen)} tombstone(s) included in the tree of size {checkpoint.size}"
 
 
+def _endorsed(pinned: Verifier, key: Verifier, note: Note, store: StoreEvidence | None) -> str:
+    """Accept a certificate signed by ``key``, an earlier key than the pinned one, only if
+    the store's log proves the chain from it up to the pinned key (see
+    :mod:`deleatur.log.keychain`): its own checkpoint must be signed by ``key`` as the
+    key current at its size. Returns how it is trusted; raises :class:`NoteError`.
+    Offline there is no proof: a certificate carries the checkpoint it was issued under,
+    and the key chain up to a key made after it exists only in the later log."""
+    if store is None:
+        raise NoteError(unproven_hint(describe(key), pinned))
+    chain = KeyChain.from_log(pinned, store)
+    if chain.signer_of(note) != key:
+        raise NoteError(f"the certificate's key {describe(key)} did not sign its checkpoint as the log's key then")
+    return chain.endorsement(key)
+
+
 def _key_chain(key: Verifier, checkpoint: Checkpoint, store: StoreEvidence) -> list[Verifier]:
-    """The keys the store's log announced within the certified tree, each endorsed by the
-    one before it, if the last of them is ``key``: the keys that signed this log's earlier
-    checkpoints. Only ``key`` if the chain does not hold (the entries are checked to be
-    in the certified tree, so a key entry added to the store's files does not count)."""
-    keys: list[tuple[int, Verifier]] = []
+    """The keys the store's log announced within the certified tree up to ``key``, each
+    endorsed by the one before it: the keys that signed this log's earlier checkpoints.
+    Only ``key`` if the chain does not hold (each entry is proven in the certified tree,
+    which ``key`` signed, so a key entry added to the store's files does not count)."""
     if checkpoint.size > store.log_size():
         return [key]  # no such tree in this store (and perhaps no integer SQLite holds)
     try:
-        for index, raw in store.key_entries(checkpoint.size):
-            if Entry.canonical_type(raw) != EventType.KEY:
-                continue
-            proof = inclusion_proof(index, checkpoint.size, store.log_node)
-            verify_inclusion(index, checkpoint.size, leaf_hash(raw), proof, checkpoint.root)
-            if announce_key(Entry.decode(raw), index, keys) is not None:
-                return [key]
-    except (EntryError, ProofError, NotFoundError):
+        keys = [k for _, k in proven_key_chain(key_entry_proofs(store, checkpoint.size), checkpoint)]
+    except NoteError:
         return [key]
-    return [k for _, k in keys] if keys and keys[-1][1].vkey == key.vkey else [key]
+    return keys[: keys.index(key) + 1] if key in keys else [key]
 
 
-def _pinned(pinned: Note, key: Verifier, checkpoint: Checkpoint, store: StoreEvidence | None) -> tuple[bool, str]:
+def _pinned(
+    pinned: Note, key: Verifier, pinned_key: Verifier | None, checkpoint: Checkpoint, store: StoreEvidence | None
+) -> tuple[bool, str]:
     try:
         old = Checkpoint.parse(pinned.text)
     except NoteError as exc:
         return False, f"pinned checkpoint is malformed: {exc.message}"
-    # A checkpoint pinned before a key rotation is signed by an earlier key of the chain.
+    # A checkpoint pinned before a key rotation is signed by an earlier key of the chain;
+    # one pinned after it, by the pinned key itself (which the reader trusts).
     signers = [key] if store is None else _key_chain(key, checkpoint, store)
+    if pinned_key is not None:
+        signers.append(pinned_key)
     if not any(v.matches(s) and v.verify(pinned.text, s) for s in pinned.signatures for v in signers):
         if store is None:
             return False, (
-                "the pinned checkpoint is not signed by the certificate's key (if it was signed before a key"
-                " rotation, pass --store to check the key chain)"
+                f"the pinned checkpoint is signed by {signers_of(pinned)}, not by the certificate's key (if it"
+                " was signed before a key rotation, pass --store to check the key chain)"
             )
-        return False, "the pinned checkpoint is signed by neither the certificate's key nor a key it was endorsed by"
+        return False, (
+            f"the pinned checkpoint is signed by {signers_of(pinned)}: neither the certificate's key nor a key"
+            " it was endorsed by"
+        )
     if old.origin != checkpoint.origin:
         return False, "the pinned checkpoint is from another log"
     if old.size == checkpoint.size:

@@ -179,6 +179,16 @@ class Verifier(PublicKey):
         return self.verify_bytes(text.encode("utf-8"), signature.signature)
 
 
+def describe(key: PublicKey) -> str:
+    """A key as messages name it: its name and key ID."""
+    return f"{key.name} (key {key.key_id.hex()})"
+
+
+def signers_of(note: Note) -> str:
+    """The keys a note's signature lines name (unverified: for messages only)."""
+    return ", ".join(f"{s.name} (key {s.key_id.hex()})" for s in note.signatures) or "no key"
+
+
 def format_skey(name: str, sig_type: int, key: Ed25519PrivateKey) -> str:
     """``PRIVATE+KEY+<name>+<hex key ID>+<base64(type || seed)>`` as x/mod/sumdb/note writes it."""
     public = key_id(name, sig_type, raw_public(key.public_key()))

@@ -16,8 +16,9 @@ from typing import Any
 from ..ids import is_record_id
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
+from .keychain import KeyChain, LogSource, unproven_hint
 from .merkle import ProofError, leaf_hash, verify_inclusion
-from .note import NoteError, Verifier, open_note
+from .note import Note, NoteError, Verifier, describe, open_note, signers_of
 from .report import Report
 from .tlogproof import TlogProof
 
@@ -68,14 +69,19 @@ class Receipt:
             raise ReceiptError(f"receipt is not JSON: {exc.msg}") from None
 
 
-def verify_receipt(receipt: Receipt, trusted: Sequence[Verifier], *, pinned: bool) -> Report:
-    """Numbered checks: 1 checkpoint signature, 2 entry, 3 inclusion."""
+def verify_receipt(
+    receipt: Receipt, trusted: Sequence[Verifier], *, pinned: bool, store: LogSource | None = None
+) -> Report:
+    """Numbered checks: 1 checkpoint signature, 2 entry, 3 inclusion. A receipt taken
+    before a key rotation is signed by an earlier key than a pinned current one: with
+    ``store`` (the log, read-only) it is accepted if the log proves that key endorsed up
+    to the pinned one (:mod:`deleatur.log.keychain`)."""
     report = Report(f"receipt for {receipt.record_id}")
     checkpoint = None
     try:
-        signers = open_note(receipt.proof.checkpoint, trusted)
+        detail = _signed_by(receipt.proof.checkpoint, trusted, pinned=pinned, store=store)
         checkpoint = Checkpoint.parse(receipt.proof.checkpoint.text)
-        report.add("checkpoint_signature", True, f"signed by {signers[0].name} ({signers[0].key_id.hex()})")
+        report.add("checkpoint_signature", True, detail)
     except NoteError as exc:
         report.add("checkpoint_signature", False, exc.message)
     try:
@@ -105,3 +111,18 @@ def verify_receipt(receipt: Receipt, trusted: Sequence[Verifier], *, pinned: boo
             "verifier key you obtained out of band, or a forged store and receipt would pass together."
         )
     return report
+
+
+def _signed_by(note: Note, trusted: Sequence[Verifier], *, pinned: bool, store: LogSource | None) -> str:
+    try:
+        signer = open_note(note, trusted)[0]
+        return f"signed by {describe(signer)}"
+    except NoteError:
+        # A pinned key's signature that fails, or an unpinned check, has nothing to follow.
+        if not pinned or any(v.matches(s) for s in note.signatures for v in trusted):
+            raise
+    if store is None:
+        raise NoteError(unproven_hint(signers_of(note), trusted[0]))
+    chain = KeyChain.from_log(trusted[0], store)
+    key = chain.signer_of(note)
+    return f"signed by {describe(key)}{chain.endorsement(key)}"

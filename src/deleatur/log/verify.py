@@ -10,7 +10,9 @@ The verifier re-derives the Merkle tree from the entries and checks, in order:
  5. coverage      the newest checkpoint covers every entry (a dropped tail or an
                   unsigned addition fails here)
  6. stored_tree   the stored subtree hashes that proofs are built from match
- 7. pinned        the log is consistent with a checkpoint pinned by the reader
+ 7. pinned        the log is consistent with a checkpoint pinned by the reader, signed
+                  by the pinned key or, the key chain holding, by any key of it (an
+                  earlier key is covered by the pinned key's checkpoints, checks 2-4)
  8. retention     every entry pruned by audit retention is accounted for by a
                   retention anchor (see :mod:`deleatur.log.retention`)
 
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .merkle import CompactRange, ProofError, leaf_hash, verify_consistency
-from .note import Note, NoteError, Verifier
+from .note import Note, NoteError, Verifier, describe, signers_of
 from .report import Report
 from .retention import AnchorChecker, pruned_leaf
 from .tlog import rotation_message
@@ -183,7 +185,12 @@ def verify_log(
         report.add(
             "pinned",
             *_pinned(
-                pinned_checkpoint, size=size, roots=roots, consistency=consistency, pinned_keys=pinned_keys, keys=keys
+                pinned_checkpoint,
+                size=size,
+                roots=roots,
+                consistency=consistency,
+                pinned_keys=pinned_keys,
+                keys=keys if key_problem is None else [],
             ),
         )
     report.add("retention", *anchors.finish())
@@ -208,9 +215,24 @@ def _pinned(
         old = Checkpoint.parse(pinned.text)
     except NoteError as exc:
         return False, f"pinned checkpoint is malformed: {exc.message}"
-    candidates = pinned_keys or [k for _, k in keys]
-    if not any(v.matches(s) and v.verify(pinned.text, s) for s in pinned.signatures for v in candidates):
-        return False, "pinned checkpoint is not signed by a key of this log"
+    # With the key chain proven (``keys`` is empty otherwise), every key of it may have
+    # signed the pinned checkpoint: a later key is endorsed by the pinned one, and an
+    # earlier one is in the tree that checkpoints signed by the pinned key cover (checks
+    # 2-4), the chain from it to the pinned key included; see deleatur.log.keychain. The
+    # consistency proof below then ties the pinned tree to the log's.
+    candidates = [*(pinned_keys or []), *(k for _, k in keys)]
+    signer = next((v for s in pinned.signatures for v in candidates if v.matches(s) and v.verify(pinned.text, s)), None)
+    if signer is None:
+        known = next(
+            (f"{describe(k)}, announced at entry {at}" for at, k in keys if any(map(k.matches, pinned.signatures))),
+            None,
+        )
+        if known is not None:
+            return False, f"pinned checkpoint's signature by {known}, does not verify"
+        return False, (
+            f"pinned checkpoint is signed by {signers_of(pinned)}, not by the pinned key nor any key of this "
+            "log's key chain" + ("" if keys else " (which does not verify: see key_chain)")
+        )
     if old.size > size:
         return False, f"the log has {size} entries, fewer than the pinned checkpoint's {old.size}: it was truncated"
     current_root = roots.get(size)
@@ -220,4 +242,5 @@ def _pinned(
         verify_consistency(old.size, size, old.root, current_root, consistency(old.size, size))
     except ProofError as exc:
         return False, f"not consistent with the pinned checkpoint of size {old.size}: {exc.message}"
-    return True, f"consistent with the pinned checkpoint of size {old.size}"
+    by = "" if not pinned_keys or signer in pinned_keys else f", signed by {describe(signer)} of the key chain"
+    return True, f"consistent with the pinned checkpoint of size {old.size}{by}"

@@ -6,11 +6,31 @@ the submitter's old size matches what the witness saw, and a consistency proof
 from that checkpoint to the new one verifies. Two checkpoints of the same size
 with different roots — a split view — are refused. The check and the update are
 one transaction, so concurrent submissions cannot roll the witness back.
+
+**Key rotation.** After `keys rotate` the log signs with a key the witness does
+not trust, and ``add_checkpoint`` refuses it, as tlog-witness prescribes (a
+witness verifies a checkpoint with the log's configured key). ``update_log``
+moves the witness to the new key, given the key (which its operator names) and a
+rotation proof (:func:`format_rotation_proof`, `deleatur log rotation-proof`):
+a checkpoint signed by the new key, a consistency proof from the checkpoint the
+witness last cosigned to it, and the log's key announcements, each proven
+included in its tree, each endorsed by the key before it, the trusted key
+endorsing (through the chain) the new one. So the rotation is in the log the
+witness has followed, and was signed off by the key it trusted.
+
+We chose this explicit step over letting ``add_checkpoint`` switch keys by
+itself when a request carries such a proof: the key a witness trusts is its
+configuration, and a retired log key that leaked could sign an endorsement of a
+key of its own; with the explicit step an attacker also needs the witness's
+operator to name that key. The cost is that cosigning pauses from a rotation
+until the operator runs `witness update-log`, and the refusal says so.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import apsw
@@ -22,8 +42,9 @@ from ..errors import DeleaturError, NotFoundError
 from ..sqlitefile import connect, immediate
 from .checkpoint import Checkpoint
 from .cosignature import Cosigner
+from .keychain import KeyEntryProof, proven_key_chain
 from .merkle import HASH_SIZE, ProofError, verify_consistency
-from .note import Note, NoteError, Signature, Verifier, b64decode, check_key_name, open_note
+from .note import Note, NoteError, Signature, Verifier, b64decode, check_key_name, describe, open_note
 
 _MAX_PROOF_LINES = 63
 
@@ -85,6 +106,47 @@ def parse_request(body: str) -> tuple[int, list[bytes], Note]:
     return int(size_text), proof, note
 
 
+ROTATION_FORMAT = "deleatur-key-rotation-proof/v1"
+
+
+def format_rotation_proof(request: str, entries: Sequence[KeyEntryProof]) -> str:
+    """A rotation proof: an add-checkpoint request and the log's key entries, each with
+    its inclusion proof in the tree of the request's checkpoint."""
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    keys = [{"index": index, "entry": b64(raw), "proof": [b64(h) for h in proof]} for index, raw, proof in entries]
+    return json.dumps({"format": ROTATION_FORMAT, "request": request, "key_entries": keys}, indent=2) + "\n"
+
+
+def parse_rotation_proof(text: str) -> tuple[str, list[KeyEntryProof]]:
+    """The request and key entries of a rotation proof, checked for shape only."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or data.get("format") != ROTATION_FORMAT:
+        raise WitnessError(f"not a {ROTATION_FORMAT} document")
+    request, entries = data.get("request"), data.get("key_entries")
+    if not isinstance(request, str) or not isinstance(entries, list):
+        raise WitnessError("rotation proof: it needs a request and a list of key entries")
+    out: list[KeyEntryProof] = []
+    for item in entries:
+        if not isinstance(item, dict):
+            raise WitnessError("rotation proof: a key entry is not an object")
+        index, raw, proof = item.get("index"), item.get("entry"), item.get("proof")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0 or not isinstance(raw, str):
+            raise WitnessError("rotation proof: a key entry needs an index and an entry")
+        if not isinstance(proof, list) or not all(isinstance(h, str) for h in proof) or len(proof) > _MAX_PROOF_LINES:
+            raise WitnessError("rotation proof: a key entry's proof must be a list of hashes")
+        try:
+            out.append((index, b64decode(raw, "key entry"), [b64decode(h, "proof hash") for h in proof]))
+        except NoteError as exc:
+            raise WitnessError(f"rotation proof: {exc.message}") from None
+    return request, out
+
+
 class Witness:
     def __init__(self, path: Path, conn: apsw.Connection, cosigner: Cosigner, clock: Clock) -> None:
         self.path = path
@@ -136,7 +198,10 @@ class Witness:
         with immediate(self._conn):
             known = self._conn.execute("SELECT vkey FROM logs WHERE origin = ?", (verifier.name,)).fetchone()
             if known is not None and known[0] != verifier.vkey:
-                raise WitnessError(f"log {verifier.name} is already known with another key")
+                raise WitnessError(
+                    f"log {verifier.name} is already known with another key; to follow a key rotation,"
+                    " run `deleatur witness update-log` with a proof from `deleatur log rotation-proof`"
+                )
             self._conn.execute(
                 "INSERT OR IGNORE INTO logs(origin, vkey, size, root) VALUES (?, ?, 0, ?)",
                 (verifier.name, verifier.vkey, bytes(32)),
@@ -149,41 +214,79 @@ class Witness:
     def add_checkpoint(self, body: str) -> list[Signature]:
         """Cosign a checkpoint submitted as a tlog-witness add-checkpoint request."""
         old_size, proof, note = parse_request(body)
-        try:
-            checkpoint = Checkpoint.parse(note.text)
-        except NoteError as exc:
-            raise WitnessError(f"not a checkpoint: {exc.message}") from None
         with immediate(self._conn):
-            row = self._conn.execute(
-                "SELECT vkey, size, root FROM logs WHERE origin = ?", (checkpoint.origin,)
-            ).fetchone()
-            if row is None:
-                raise UnknownLogError(f"unknown log {checkpoint.origin}")
-            vkey, seen_size, seen_root = str(row[0]), int(row[1]), bytes(row[2])
-            try:
-                open_note(note, [Verifier.from_vkey(vkey)])
-            except NoteError as exc:
-                raise UntrustedCheckpointError(f"checkpoint of {checkpoint.origin}: {exc.message}") from None
-            if old_size > checkpoint.size:
-                raise WitnessError(f"old size {old_size} is larger than the checkpoint's {checkpoint.size}")
-            if old_size != seen_size:
-                raise ConflictError(f"the witness's latest size for {checkpoint.origin} is {seen_size}", seen_size)
-            if old_size == checkpoint.size and seen_size > 0 and seen_root != checkpoint.root:
-                raise ConflictError(
-                    f"split view: a checkpoint of size {seen_size} with a different root was cosigned before",
-                    seen_size,
-                )
-            if old_size == 0 and proof:
-                raise InconsistentError("the proof must be empty when the old size is zero")
-            try:
-                if old_size > 0:
-                    verify_consistency(old_size, checkpoint.size, seen_root, checkpoint.root, proof)
-            except ProofError as exc:
-                raise InconsistentError(
-                    f"not consistent with the checkpoint of size {old_size}: {exc.message}"
-                ) from None
+            _, checkpoint = self._extends(old_size, proof, note, None)
             self._conn.execute(
                 "UPDATE logs SET size = ?, root = ?, checkpoint = ? WHERE origin = ?",
                 (checkpoint.size, checkpoint.root, note.format(), checkpoint.origin),
             )
         return [self.cosigner.cosign(note.text, self._clock() // 1_000_000)]
+
+    def update_log(self, vkey: str, rotation_proof: str) -> str:
+        """Trust ``vkey``, a log's new key, in place of the one the witness trusts, if the
+        rotation proof shows the trusted key endorsed it in the log the witness followed
+        (see the module docstring). The witness's latest checkpoint stays as it is: the
+        next `witness cosign` proves the log extends it, under the new key."""
+        new = Verifier.from_vkey(vkey)
+        request, entries = parse_rotation_proof(rotation_proof)
+        old_size, proof, note = parse_request(request)
+        with immediate(self._conn):
+            trusted, checkpoint = self._extends(old_size, proof, note, new)
+            if checkpoint.origin != new.name:
+                raise WitnessError(f"the rotation proof is of log {checkpoint.origin}, not {new.name}")
+            if trusted == new:
+                return new.name
+            try:
+                chain = [key for _, key in proven_key_chain(entries, checkpoint)]
+            except NoteError as exc:
+                raise UntrustedCheckpointError(f"key chain of {new.name}: {exc.message}") from None
+            # Forward only: the trusted key, or a key it endorsed, must endorse the new one.
+            if trusted not in chain or new not in chain[chain.index(trusted) + 1 :]:
+                raise UntrustedCheckpointError(
+                    f"{describe(new)} is not endorsed, in the log's key chain, by the key this witness trusts "
+                    f"for {new.name}, {describe(trusted)}"
+                )
+            self._conn.execute("UPDATE logs SET vkey = ? WHERE origin = ?", (new.vkey, new.name))
+        return new.name
+
+    def _extends(
+        self, old_size: int, proof: list[bytes], note: Note, signer: Verifier | None
+    ) -> tuple[Verifier, Checkpoint]:
+        """Check, inside the caller's transaction, that ``note`` is signed by ``signer``
+        (default: the key trusted for its log) and extends the checkpoint the witness last
+        cosigned by ``proof``; returns the trusted key and the parsed checkpoint."""
+        try:
+            checkpoint = Checkpoint.parse(note.text)
+        except NoteError as exc:
+            raise WitnessError(f"not a checkpoint: {exc.message}") from None
+        row = self._conn.execute("SELECT vkey, size, root FROM logs WHERE origin = ?", (checkpoint.origin,)).fetchone()
+        if row is None:
+            raise UnknownLogError(f"unknown log {checkpoint.origin}")
+        trusted, seen_size, seen_root = Verifier.from_vkey(str(row[0])), int(row[1]), bytes(row[2])
+        try:
+            open_note(note, [signer or trusted])
+        except NoteError as exc:
+            hint = ""
+            if signer is None and not any(map(trusted.matches, note.signatures)):
+                hint = (
+                    f" (this witness trusts {describe(trusted)}; if the log rotated its key, run"
+                    " `deleatur witness update-log` with a proof from `deleatur log rotation-proof`)"
+                )
+            raise UntrustedCheckpointError(f"checkpoint of {checkpoint.origin}: {exc.message}{hint}") from None
+        if old_size > checkpoint.size:
+            raise WitnessError(f"old size {old_size} is larger than the checkpoint's {checkpoint.size}")
+        if old_size != seen_size:
+            raise ConflictError(f"the witness's latest size for {checkpoint.origin} is {seen_size}", seen_size)
+        if old_size == checkpoint.size and seen_size > 0 and seen_root != checkpoint.root:
+            raise ConflictError(
+                f"split view: a checkpoint of size {seen_size} with a different root was cosigned before",
+                seen_size,
+            )
+        if old_size == 0 and proof:
+            raise InconsistentError("the proof must be empty when the old size is zero")
+        try:
+            if old_size > 0:
+                verify_consistency(old_size, checkpoint.size, seen_root, checkpoint.root, proof)
+        except ProofError as exc:
+            raise InconsistentError(f"not consistent with the checkpoint of size {old_size}: {exc.message}") from None
+        return trusted, checkpoint

@@ -7,7 +7,7 @@ key nor the signing key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import apsw
@@ -62,6 +62,13 @@ class StoreEvidence:
                 (size, b'"type":"key"'),
             )
         ]
+
+    def checkpoints_after(self, size: int) -> Iterator[tuple[int, str]]:
+        """The stored checkpoints of trees larger than ``size``, smallest first (unverified)."""
+        for stored, note in self._db.execute(
+            "SELECT size, note FROM log_checkpoints WHERE size > ? ORDER BY size", (size,)
+        ):
+            yield int(stored), str(note)
 
     def log_node(self, level: int, index: int) -> bytes:
         row = self._db.execute("SELECT hash FROM log_nodes WHERE pos = ?", (level << _LEVEL_SHIFT | index,)).fetchone()
