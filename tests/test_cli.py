@@ -275,6 +275,17 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
     assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]
 
 
+def test_the_command_line_loads_no_server_until_one_is_served() -> None:
+    """Agents shell out for every call: FastAPI, MCP and uvicorn took half a second of
+    each command's start, ``deleatur version`` included, though only ``serve`` uses them."""
+    probe = (
+        "import sys, deleatur.cli.app; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'mcp', 'uvicorn', 'starlette'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
     assert cli("init")[0] == 0
     assert cli("remember", "[red]note[/red] about [b]x", "-s", "Alice")[0] == 0
