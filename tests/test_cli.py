@@ -166,6 +166,14 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("remember", "t", "-s", "a", "--receipt", "/"), None, "cannot write /: it is a directory"),
         (("export", "-s", "a", "--out", "/no-such-dir/a.json"), None, "no directory /no-such-dir"),
         (("export", "-u", "default", "--format", "csv", "--out", sys.executable), None, "needs a directory"),
+        # Mistakes the command line's parser finds: one line too, not a usage box.
+        (("erase-all", "--request-id", "X", "--basis", "b"), None, "Missing option '--user'"),
+        (("principals", "create", "x", "--role", "superuser"), None, "'superuser' is not one of 'admin'"),
+        (("recall", "x", "--limit", "many"), None, "Invalid value for '--limit'"),
+        (("nonesuch",), None, "No such command 'nonesuch'"),
+        # A negative number is a number, refused by the command's own check, not an unknown option.
+        (("retention", "set", "run", "-1"), None, "a retention period must be a positive number of days"),
+        (("log", "prove", "-3"), None, "index must be an integer from 0"),
     ],
 )
 def test_bad_input_exits_2_and_changes_nothing(

@@ -15,6 +15,9 @@ from typing import Annotated, NoReturn
 import typer
 from rich.table import Table
 
+# Typer's own copy of click raises these; it has no public name for them.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
 from ..errors import DeleaturError
@@ -293,7 +296,15 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def main() -> None:
     try:
-        app()
+        # Not click's standalone mode, whose usage errors are a box of several lines:
+        # an agent that reads stderr gets one line, as from every other error.
+        status = app(standalone_mode=False)
+    except NoArgsIsHelpError:
+        raise SystemExit(2) from None  # the help is already printed
+    except ClickException as exc:
+        _fail(" ".join(exc.format_message().split()), exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", 1)
     except DeleaturError as exc:
         _fail(exc.message, exc.exit_code)
     except Exception as exc:
@@ -301,6 +312,10 @@ def main() -> None:
             raise
         # The message of an unexpected error may quote data; the type name never does.
         _fail(f"internal error ({type(exc).__name__}); set DELEATUR_DEBUG=1 for details", 1)
+    # Out of standalone mode, typer.Exit(code) (a failed verification, Ctrl-C's 130)
+    # comes back as the return value instead of ending the process.
+    if isinstance(status, int) and status:
+        raise SystemExit(status)
 
 
 __all__ = ["app", "main"]

@@ -17,6 +17,7 @@ from ..log.retention import pruned_leaf
 from ..log.witness import Witness
 from ..model import Space
 from .common import (
+    NUMBER_ARGUMENT,
     AgentOpt,
     JsonOpt,
     RunOpt,
@@ -109,7 +110,7 @@ def log_checkpoint(
     write_output(out_file, note.format())
 
 
-@log_app.command("prove")
+@log_app.command("prove", context_settings=NUMBER_ARGUMENT)
 def log_prove(index: int, out_file: OutOpt = None) -> None:
     """A C2SP tlog-proof that entry INDEX is in the log (the entry is in its `extra` line)."""
     with open_memory() as memory:
