@@ -294,6 +294,13 @@ def test_the_command_line_loads_no_server_until_one_is_served() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
+def test_an_expiry_in_microseconds_is_taken(cli: Cli, store: Path) -> None:
+    """The README lists microseconds among the forms of an expiry, as HTTP and the library take them."""
+    code, out, err = cli("remember", "x", "--subject", "X", "--expires-at", "4102444800000000", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["expires_at"] == "2100-01-01T00:00:00Z"
+
+
 def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
     assert cli("init")[0] == 0
     assert cli("remember", "[red]note[/red] about [b]x", "-s", "Alice")[0] == 0

@@ -106,7 +106,10 @@ def remember(
     metadata: Annotated[str | None, typer.Option("--metadata", help="A JSON object.")] = None,
     confidence: Annotated[float | None, typer.Option("--confidence", help="Between 0 and 1.")] = None,
     expires_at: Annotated[
-        str | None, typer.Option("--expires-at", help="A future ISO 8601 time, or a delay like 30d.")
+        str | None,
+        typer.Option(
+            "--expires-at", help="A future time: microseconds since the epoch, ISO 8601, or a delay like 30d."
+        ),
     ] = None,
     receipt_file: Annotated[
         Path | None, typer.Option("--receipt", help="Also write a signed write receipt to this file.")
