@@ -38,9 +38,9 @@ from .common import (
     app,
     check_output_path,
     emit,
-    err,
     open_memory,
     out,
+    print_error,
     read_text,
     store_tenant,
     write_output,
@@ -293,7 +293,7 @@ def version() -> None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"error: {message}", markup=False, highlight=False)
+    print_error(message)
     raise SystemExit(code)
 
 

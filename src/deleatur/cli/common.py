@@ -132,6 +132,11 @@ def add_row(table: Table, *values: str) -> None:
     table.add_row(*(Text(visible(v, lines=True)) for v in values))
 
 
+def print_error(message: str) -> None:
+    """An error as every command reports one: a line on stderr, printed as given."""
+    err.print(f"error: {message}", markup=False, highlight=False)
+
+
 def emit(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
 

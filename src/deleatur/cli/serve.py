@@ -13,7 +13,7 @@ from ..crypto.master import from_environment
 from ..memory import Memory
 from ..servers.defaults import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from ..servers.pool import HandlePool
-from .common import Options, app, err, store_tenant
+from .common import Options, app, err, print_error, store_tenant
 
 # The servers (FastAPI, MCP, uvicorn) are imported by the commands that run them:
 # at the top, they took half a second from every command, ``deleatur version`` too.
@@ -52,7 +52,7 @@ def _serve(name: str, host: str, port: int, tail: str, build: Callable[[], ASGIA
     where = f"deleatur {name} on http://{host}:{sock.getsockname()[1]}{tail}"
     if workers > 1:
         where += f", {workers} worker processes"
-    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False))
+    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False), died=print_error)
     if status:
         raise typer.Exit(status)
 
