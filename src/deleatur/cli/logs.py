@@ -135,11 +135,21 @@ def log_consistency(
 
 @log_app.command("add-cosignature")
 def log_add_cosignature(
-    signatures: Annotated[str, typer.Argument(help="The witness's signature lines ('-': stdin).")],
+    signatures: Annotated[
+        str,
+        typer.Argument(help="The witness's signature lines, or the cosigned checkpoint with them ('-': stdin)."),
+    ],
     witness: Annotated[str, typer.Option("--witness", help="The witness's cosigner key (type 0x04 vkey).")],
-    size: Annotated[int | None, typer.Option("--size", help="The checkpoint's tree size (default: latest).")] = None,
+    size: Annotated[
+        int | None,
+        typer.Option(
+            "--size",
+            help="The cosigned checkpoint's tree size (default: the one the signatures verify for,"
+            " the latest or one of the 999 before it).",
+        ),
+    ] = None,
 ) -> None:
-    """Check a witness's cosignature and attach it to the stored checkpoint."""
+    """Check a witness's cosignature and attach it to the stored checkpoint it is for."""
     try:
         verifier = CosignatureVerifier.from_vkey(witness)
     except NoteError as exc:
