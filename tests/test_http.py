@@ -36,6 +36,7 @@ from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.model import Space, SpaceFilter
+from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import MAX_EXPORTS, create_app
 
 from .serving import api_key, new_store, serving
@@ -448,6 +449,13 @@ def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
     with opener() as memory:  # the refused tries left no entry, not even a failed one
         actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
     assert "list" in actions and "remember" not in actions
+
+
+def test_the_readme_lists_every_error_code() -> None:
+    """The README's table of error codes is the servers' mapping, so the two never drift."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = {code: int(status) for status, code in re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", readme, re.M)}
+    assert listed == ERROR_CODES
 
 
 def test_unexpected_error_is_a_500_naming_only_its_type() -> None:
