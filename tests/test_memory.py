@@ -55,6 +55,8 @@ def test_recall_ranks_by_bm25_and_honours_limit(memory: Memory) -> None:
     assert [h.record.subject for h in hits] == ["alice", "w"]
     assert hits[0].score > hits[1].score
     assert len(memory.recall("Lyon", limit=1)) == 1
+    with pytest.raises(InvalidInputError, match=r"^limit must be an int$"):  # the type, not the range, is wrong
+        memory.recall("Lyon", limit="5")  # type: ignore[arg-type]
     # Punctuation and FTS syntax in a query are words, not operators.
     assert len(memory.recall('Lyon" OR scope:*')) == 2
 

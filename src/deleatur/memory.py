@@ -1579,7 +1579,7 @@ class Memory:
     def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""
         check_type(space, Space, "space")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
+        if not 1 <= check_type(limit, int, "limit") <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
         words = _TOKEN.findall(unicodedata.normalize("NFKC", check_query(query)))
         if not words:
