@@ -112,6 +112,10 @@ def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     latest_size = cli("log", "checkpoint")[1].splitlines()[1]
     code, out, _ = cli("witness", "show", "--state", str(state))
     assert f"size {latest_size} " in out  # the checkpoint the consistency request carried
+    code, out, _ = cli("witness", "show", "--state", str(state), "--json")
+    shown = json.loads(out)
+    assert shown["cosigner_key"].startswith("witness.example/w+")
+    assert [(log["vkey"], log["size"]) for log in shown["logs"]] == [(_vkey(cli), int(latest_size))]
 
 
 def test_a_cosignature_is_attached_to_the_checkpoint_it_is_for(cli: Cli, store: Path, tmp_path: Path) -> None:

@@ -263,12 +263,16 @@ def witness_cosign(
 
 
 @witness_app.command("show")
-def witness_show(state: WitnessOpt) -> None:
+def witness_show(state: WitnessOpt, as_json: JsonOpt = False) -> None:
     """The witness's key and the latest size it cosigned for each log."""
     witness = Witness.open(state)
     try:
-        out.print(f"cosigner key: {witness.vkey}", markup=False, highlight=False)
-        for origin, vkey, size in witness.logs():
-            out.print(f"{origin}  size {size}  {vkey}", markup=False, highlight=False)
+        vkey, logs = witness.vkey, witness.logs()
     finally:
         witness.close()
+    if as_json:
+        emit({"cosigner_key": vkey, "logs": [{"origin": o, "vkey": v, "size": n} for o, v, n in logs]})
+        return
+    out.print(f"cosigner key: {vkey}", markup=False, highlight=False)
+    for origin, log_vkey, size in logs:
+        out.print(f"{origin}  size {size}  {log_vkey}", markup=False, highlight=False)

@@ -80,9 +80,13 @@ def serve_http(
 
 @serve_app.command("mcp")
 def serve_mcp(
-    transport: Annotated[Transport, typer.Option("--transport", help="stdio (local operator) or http.")] = (
-        Transport.stdio
-    ),
+    transport: Annotated[
+        Transport,
+        typer.Option(
+            "--transport",
+            help="stdio (as the local operator, or as the principal of --api-key) or http (bearer API keys).",
+        ),
+    ] = (Transport.stdio),
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8766,
 ) -> None:
