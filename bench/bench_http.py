@@ -42,7 +42,7 @@ import httpx
 from bench_log import print_results
 from bench_store import machine, percentile
 from deleatur import Memory, NewMemory, Role, from_bytes
-from deleatur.servers.http import DEFAULT_HANDLES
+from deleatur.servers.defaults import DEFAULT_HANDLES
 
 MASTER = bytes(32)
 TARGETS = {

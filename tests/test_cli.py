@@ -166,6 +166,14 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("remember", "t", "-s", "a", "--receipt", "/"), None, "cannot write /: it is a directory"),
         (("export", "-s", "a", "--out", "/no-such-dir/a.json"), None, "no directory /no-such-dir"),
         (("export", "-u", "default", "--format", "csv", "--out", sys.executable), None, "needs a directory"),
+        # Mistakes the command line's parser finds: one line too, not a usage box.
+        (("erase-all", "--request-id", "X", "--basis", "b"), None, "Missing option '--user'"),
+        (("principals", "create", "x", "--role", "superuser"), None, "'superuser' is not one of 'admin'"),
+        (("recall", "x", "--limit", "many"), None, "Invalid value for '--limit'"),
+        (("nonesuch",), None, "No such command 'nonesuch'"),
+        # A negative number is a number, refused by the command's own check, not an unknown option.
+        (("retention", "set", "run", "-1"), None, "a retention period must be a positive number of days"),
+        (("log", "prove", "-3"), None, "index must be an integer from 0"),
     ],
 )
 def test_bad_input_exits_2_and_changes_nothing(
@@ -273,6 +281,24 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
     assert b"not valid UTF-8" in bad.stderr
     listed = subprocess.run([DELEATUR, "list", "--json"], env=env, capture_output=True, check=True)
     assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]
+
+
+def test_the_command_line_loads_no_server_until_one_is_served() -> None:
+    """Agents shell out for every call: FastAPI, MCP and uvicorn took half a second of
+    each command's start, ``deleatur version`` included, though only ``serve`` uses them."""
+    probe = (
+        "import sys, deleatur.cli.app; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'mcp', 'uvicorn', 'starlette'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+def test_an_expiry_in_microseconds_is_taken(cli: Cli, store: Path) -> None:
+    """The README lists microseconds among the forms of an expiry, as HTTP and the library take them."""
+    code, out, err = cli("remember", "x", "--subject", "X", "--expires-at", "4102444800000000", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["expires_at"] == "2100-01-01T00:00:00Z"
 
 
 def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:

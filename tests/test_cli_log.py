@@ -112,3 +112,35 @@ def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     latest_size = cli("log", "checkpoint")[1].splitlines()[1]
     code, out, _ = cli("witness", "show", "--state", str(state))
     assert f"size {latest_size} " in out  # the checkpoint the consistency request carried
+    code, out, _ = cli("witness", "show", "--state", str(state), "--json")
+    shown = json.loads(out)
+    assert shown["cosigner_key"].startswith("witness.example/w+")
+    assert [(log["vkey"], log["size"]) for log in shown["logs"]] == [(_vkey(cli), int(latest_size))]
+
+
+def test_a_cosignature_is_attached_to_the_checkpoint_it_is_for(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """The log grows between the request to the witness and the cosignature's return:
+    without --size, the cosignature goes to the checkpoint it verifies for, not the
+    latest, for which it "does not verify"."""
+    state, request = tmp_path / "w.db", tmp_path / "req.txt"
+    code, out, _ = cli("witness", "init", "--state", str(state), "--name", "witness.example/w")
+    vkey = out.split("cosigner key: ")[1].strip()
+    assert cli("witness", "add-log", "--state", str(state), _vkey(cli))[0] == 0
+    cp = tmp_path / "cp.txt"
+    cli("log", "checkpoint", "--out", str(cp))
+    assert cli("log", "consistency", str(cp), "--new-witness", "--out", str(request))[0] == 0
+    code, signatures, _ = cli("witness", "cosign", "--state", str(state), str(request))
+    cli("remember", "written meanwhile", "-s", "a")
+    code, out, err = cli("log", "add-cosignature", "-", "--witness", vkey, stdin=signatures.encode())
+    assert (code, err) == (0, "")
+    cosigned_size = cp.read_text().splitlines()[1]
+    assert out.startswith(cp.read_text())  # the checkpoint of cp.txt's size, now with two signatures
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("\u2014 ")][1] == "witness.example/w"
+    # The cosigned checkpoint itself, signature lines and all, names its own size.
+    code, out, err = cli("log", "add-cosignature", "-", "--witness", vkey, stdin=(cp.read_text() + signatures).encode())
+    assert (code, err) == (0, "")
+    code, _, err = cli(
+        "log", "add-cosignature", "-", "--witness", vkey, "--size", "1", stdin=(cp.read_text() + signatures).encode()
+    )
+    assert code == 2
+    assert f"the cosigned checkpoint is of size {cosigned_size}, not 1" in err

@@ -37,6 +37,7 @@ from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.model import Space, SpaceFilter
 from deleatur.servers.calls import MAX_EXPORTS
+from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
 
 from .serving import api_key, new_store, paged_by_bytes, serving
@@ -282,9 +283,9 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     late = {"text": "t", "subject": "x", "expires_at": "9999-12-31T00:00:00.5Z"}
     iso = httpx.post(f"{base_url}/v1/memories", json=late, headers=admin)
     assert (iso.status_code, iso.json()["expires_at"]) == (201, "9999-12-31T00:00:00.500000Z")
-    vague = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": "1"}, headers=admin)
+    vague = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": "1y"}, headers=admin)
     assert (vague.status_code, vague.json()["error"]["code"]) == (422, "invalid_input")
-    assert "'1' is neither an ISO 8601 time nor a delay" in vague.json()["error"]["message"]
+    assert "'1y' is neither microseconds, an ISO 8601 time nor a delay" in vague.json()["error"]["message"]
     json_body = {**admin, "Content-Type": "application/json"}
     for unparsable in (b'{"text": "\xff\xfe", "subject": "x"}', b"[" * 6000 + b"]" * 6000):
         reply = httpx.post(f"{base_url}/v1/memories", content=unparsable, headers=json_body)
@@ -449,6 +450,13 @@ def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
     with opener() as memory:  # the refused tries left no entry, not even a failed one
         actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
     assert "list" in actions and "remember" not in actions
+
+
+def test_the_readme_lists_every_error_code() -> None:
+    """The README's table of error codes is the servers' mapping, so the two never drift."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = {code: int(status) for status, code in re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", readme, re.M)}
+    assert listed == ERROR_CODES
 
 
 def test_unexpected_error_is_a_500_naming_only_its_type() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from deleatur import Role
 from deleatur.servers.http import create_app
+from deleatur.servers.workers import how_it_ended
 
 from .conftest import MASTER
 from .serving import api_key, new_store, serving
@@ -147,7 +148,17 @@ def test_a_worker_that_dies_stops_the_server(tmp_path: Path) -> None:
         first, second = _children(server.pid)
         os.kill(first, signal.SIGKILL)
         assert server.wait(timeout=30) == 1  # not a server quietly running at half capacity
+        assert server.stderr is not None
+        said = server.stderr.read()
     assert not _alive(second)
+    # An operator learns why, not only that it ended.
+    assert said == f"error: worker 1 of 2 (pid {first}) was killed by signal 9 (SIGKILL); stopping the others\n"
+
+
+def test_how_a_process_ended_in_words() -> None:
+    assert how_it_ended(0) == "exited with status 0"
+    assert how_it_ended(3 << 8) == "exited with status 3"
+    assert how_it_ended(signal.SIGSEGV) == "was killed by signal 11 (SIGSEGV)"
 
 
 @linux_only

@@ -55,6 +55,8 @@ def test_recall_ranks_by_bm25_and_honours_limit(memory: Memory) -> None:
     assert [h.record.subject for h in hits] == ["alice", "w"]
     assert hits[0].score > hits[1].score
     assert len(memory.recall("Lyon", limit=1)) == 1
+    with pytest.raises(InvalidInputError, match=r"^limit must be an int$"):  # the type, not the range, is wrong
+        memory.recall("Lyon", limit="5")  # type: ignore[arg-type]
     # Punctuation and FTS syntax in a query are words, not operators.
     assert len(memory.recall('Lyon" OR scope:*')) == 2
 
@@ -192,10 +194,23 @@ def test_expiry_is_taken_as_records_show_it(memory: Memory, clock: FakeClock) ->
     assert memory.remember("no offset is UTC", subject="c", expires_at="9999-01-01T00:00").expires_at == (
         memory.remember("explicit UTC", subject="c", expires_at="9999-01-01T00:00:00Z").expires_at
     )
-    for bad, said in (("soon", "neither an ISO 8601 time nor a delay"), ("1", "neither"), ("2000-01-01", "past")):
+    # Microseconds as text (a command line's only kind of value) are microseconds, as a number.
+    assert memory.remember("µs", subject="e", expires_at=str(clock.now + 5)).expires_at == clock.now + 5
+    assert memory.remember("a basic ISO date", subject="e", expires_at="99991231").expires_at == (
+        memory.remember("the same", subject="e", expires_at="9999-12-31").expires_at
+    )
+    for bad, said in (
+        ("soon", "neither microseconds, an ISO 8601 time nor a delay"),
+        ("1", "1970-01-01T00:00:00.000001Z is in the past"),
+        ("11111111111", "1970-01-01T03:05:11.111111Z is in the past"),  # not 1111-11-11T11:00
+        ("1" * 20, "after the year 9999"),
+        ("1" * 5000, "after the year 9999"),
+        ("²d", "neither"),
+        ("2000-01-01", "past"),
+    ):
         with pytest.raises(InvalidInputError, match=said):
             memory.remember("never stored", subject="d", expires_at=bad)
-    assert [r.subject for r in memory.list()] == ["a", "b", "c", "c"]
+    assert [r.subject for r in memory.list()] == ["a", "b", "c", "c", "e", "e", "e"]
 
 
 def test_expiry_must_be_in_the_future(memory: Memory, clock: FakeClock) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -54,21 +55,33 @@ def from_isoformat(text: str) -> int:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def parse_when(value: str, now: int) -> int:
-    """An absolute ISO 8601 time (UTC if no offset is given) or a delay such as ``30d``.
+    """An absolute time, as microseconds since the epoch (the number every shell takes,
+    here as text: a command line has nothing else) or an ISO 8601 time (UTC if no
+    offset is given), or a delay such as ``30d``.
 
     Returns microseconds since the epoch; raises ``ValueError`` naming the problem.
     """
     text = value.strip()
-    if len(text) > 1 and text[-1] in _UNITS and text[:-1].isdigit():
+    if len(text) > 1 and text[-1] in _UNITS and _DIGITS.fullmatch(text[:-1]):
         when = now + int(text[:-1]) * _UNITS[text[-1]] * 1_000_000
+    elif _DIGITS.fullmatch(text) and len(text) != 8:
+        # Digits are microseconds, but eight are an ISO 8601 date (20261130). Python
+        # also reads 11 to 21 digits as a date and a time run together, which nobody
+        # means. A time in seconds or milliseconds by mistake reads as 1970 and is
+        # refused as past; past 19 digits (and int()'s limit) it is after 9999.
+        when = int(text) if len(text) <= 19 else LATEST + 1
     else:
         try:
             when = from_isoformat(text)
         except ValueError:
-            raise ValueError(f"{value!r} is neither an ISO 8601 time nor a delay like 30d, 12h, 15m") from None
+            raise ValueError(
+                f"{value!r} is neither microseconds, an ISO 8601 time nor a delay like 30d, 12h, 15m"
+            ) from None
     if not 0 <= when <= LATEST:
         raise ValueError(f"{value!r} is {'before 1970' if when < 0 else 'after the year 9999'}")
     return when

@@ -10,6 +10,7 @@ import builtins
 import contextlib
 import copy
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -66,7 +67,7 @@ from .ids import IdGenerator, check_record_id
 from .log.checkpoint import Checkpoint
 from .log.cosignature import CosignatureVerifier
 from .log.entries import Entry, EventType, commitment
-from .log.note import Note, NoteError, Signer, Verifier, open_note
+from .log.note import Note, NoteError, Signature, Signer, Verifier, open_note
 from .log.receipt import Receipt
 from .log.report import Report
 from .log.tlog import LogError, TransparencyLog
@@ -114,6 +115,10 @@ _COMMON_TERM_DOCS = 10_000
 #: A query term found in more records than this counts only in its newest this many.
 _TERM_CANDIDATES = 250
 _MAX_RECALL = 1000
+#: How many checkpoints back a cosignature given without a size is looked for (one
+#: signature check each): a witness cosigns the checkpoint it was sent, and the log
+#: gets a checkpoint for every 100 ms of writes since.
+_COSIGNED_LOOKBACK = 1000
 # Word characters but "_", as FTS5's unicode61 tokenizer splits them.
 _TOKEN = re.compile(r"[^\W_]+")
 
@@ -128,6 +133,26 @@ def _fold_term(word: str) -> str:
 
 def keystore_path(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".keys")
+
+
+def _read_cosignatures(lines: str) -> tuple[Note | None, tuple[Signature, ...]]:
+    """The cosigned checkpoint the input carries (None for bare signature lines), and
+    the signatures."""
+    try:
+        if "\n\n" in lines:  # a note: the checkpoint's text, an empty line, signature lines
+            note = Note.parse(lines)
+            return note, note.signatures
+        # Bare signature lines parse as the signature block of a note of any text.
+        return None, Note.parse("-\n\n" + lines).signatures
+    except NoteError as exc:
+        raise InvalidInputError(f"cosignature lines: {exc.message}") from None
+
+
+def _checkpoint_size(text: str) -> int:
+    try:
+        return Checkpoint.parse(text).size
+    except NoteError as exc:
+        raise InvalidInputError(f"cosigned checkpoint: {exc.message}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -745,31 +770,56 @@ class Memory:
 
     @guarded("log.cosign", A)
     def add_cosignatures(self, lines: str, witness: CosignatureVerifier, *, size: int | None = None) -> Note:
-        """Attach a witness's cosignatures (note signature lines) to a stored checkpoint,
-        after checking each one; the latest checkpoint unless ``size`` is given."""
+        """Attach a witness's cosignatures to a stored checkpoint, after checking each one.
+
+        ``lines`` are the witness's note signature lines, or the cosigned checkpoint
+        with them, whose own size then names the checkpoint. Otherwise it is the one of
+        tree size ``size``, or else the one the cosignatures verify for: the latest, or
+        one of the 999 before it, since the log may have grown after the witness was
+        sent the checkpoint it cosigned."""
         check_type(lines, str, "lines")
         check_type(witness, CosignatureVerifier, "witness")
         if size is not None:
             check_int(size, "size", low=0)
-        found = self.backend.checkpoint(size)
-        if found is None:
-            raise NotFoundError(f"no checkpoint of size {size}" if size is not None else "the log has no checkpoint")
-        note = Note.parse(found[1])
-        try:
-            extra = Note.parse(note.text + "\n" + lines).signatures
-            mine = [s for s in extra if witness.matches(s)]
-            if not mine:
-                raise NoteError(f"no signature line from witness {witness.name} ({witness.key_id.hex()})")
-            for signature in mine:
-                witness.verify(note.text, signature)
-        except NoteError as exc:
-            raise InvalidInputError(f"cosignature for the checkpoint of size {found[0]}: {exc.message}") from None
-        known = set(note.signatures)
-        cosigned = note.with_signatures(s for s in mine if s not in known)
-        # A witness's signatures need no signing key of ours: the call goes ahead without one.
-        with self._logged(audit_only=True):
-            self.backend.put_checkpoint(found[0], cosigned.format(), replace=True)
-        return cosigned
+        carried, signatures = _read_cosignatures(lines)
+        mine = [s for s in signatures if witness.matches(s)]
+        if not mine:
+            raise InvalidInputError(f"no signature line from witness {witness.name} ({witness.key_id.hex()})")
+        if carried is not None:
+            carried_size = _checkpoint_size(carried.text)
+            if size is not None and size != carried_size:
+                raise InvalidInputError(f"the cosigned checkpoint is of size {carried_size}, not {size}")
+            size = carried_size
+        if size is None:
+            candidates = list(itertools.islice(self.backend.checkpoints(newest_first=True), _COSIGNED_LOOKBACK))
+        else:
+            found = self.backend.checkpoint(size)
+            if found is None:
+                raise NotFoundError(f"no checkpoint of size {size}")
+            candidates = [found]
+        if not candidates:
+            raise NotFoundError("the log has no checkpoint")
+        for found_size, stored in candidates:
+            note = Note.parse(stored)
+            if carried is not None and carried.text != note.text:
+                raise InvalidInputError(f"the cosigned checkpoint of size {size} is not the one this log signed")
+            try:
+                for signature in mine:
+                    witness.verify(note.text, signature)
+            except NoteError as exc:
+                if size is None:
+                    continue
+                raise InvalidInputError(f"cosignature for the checkpoint of size {found_size}: {exc.message}") from None
+            known = set(note.signatures)
+            cosigned = note.with_signatures(s for s in mine if s not in known)
+            # A witness's signatures need no signing key of ours: the call goes ahead without one.
+            with self._logged(audit_only=True):
+                self.backend.put_checkpoint(found_size, cosigned.format(), replace=True)
+            return cosigned
+        raise InvalidInputError(
+            f"cosignature by {witness.name} does not verify for any of the latest {len(candidates):,} checkpoints"
+            f" (the latest is of size {candidates[0][0]}); if the witness cosigned an older one, give its size"
+        )
 
     @guarded("log.verify", V, audit=False)
     def verify_log(
@@ -1576,7 +1626,7 @@ class Memory:
     def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""
         check_type(space, Space, "space")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_RECALL:
+        if not 1 <= check_type(limit, int, "limit") <= _MAX_RECALL:
             raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
         words = _TOKEN.findall(unicodedata.normalize("NFKC", check_query(query)))
         if not words:

@@ -279,7 +279,8 @@ T = TypeVar("T")
 
 
 def _a(kind: type) -> str:
-    return {bool: "True or False", str: "a string"}.get(kind, f"a {kind.__name__}")
+    name = kind.__name__
+    return {bool: "True or False", str: "a string"}.get(kind, f"{'an' if name[0] in 'aeiou' else 'a'} {name}")
 
 
 def check_type(value: object, kind: type[T], name: str) -> T:

@@ -15,6 +15,9 @@ from typing import Annotated, NoReturn
 import typer
 from rich.table import Table
 
+# Typer's own copy of click raises these; it has no public name for them.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
 from ..errors import DeleaturError
@@ -35,9 +38,9 @@ from .common import (
     app,
     check_output_path,
     emit,
-    err,
     open_memory,
     out,
+    print_error,
     read_text,
     store_tenant,
     write_output,
@@ -103,7 +106,10 @@ def remember(
     metadata: Annotated[str | None, typer.Option("--metadata", help="A JSON object.")] = None,
     confidence: Annotated[float | None, typer.Option("--confidence", help="Between 0 and 1.")] = None,
     expires_at: Annotated[
-        str | None, typer.Option("--expires-at", help="A future ISO 8601 time, or a delay like 30d.")
+        str | None,
+        typer.Option(
+            "--expires-at", help="A future time: microseconds since the epoch, ISO 8601, or a delay like 30d."
+        ),
     ] = None,
     receipt_file: Annotated[
         Path | None, typer.Option("--receipt", help="Also write a signed write receipt to this file.")
@@ -287,13 +293,21 @@ def version() -> None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"error: {message}", markup=False, highlight=False)
+    print_error(message)
     raise SystemExit(code)
 
 
 def main() -> None:
     try:
-        app()
+        # Not click's standalone mode, whose usage errors are a box of several lines:
+        # an agent that reads stderr gets one line, as from every other error.
+        status = app(standalone_mode=False)
+    except NoArgsIsHelpError:
+        raise SystemExit(2) from None  # the help is already printed
+    except ClickException as exc:
+        _fail(" ".join(exc.format_message().split()), exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", 1)
     except DeleaturError as exc:
         _fail(exc.message, exc.exit_code)
     except Exception as exc:
@@ -301,6 +315,10 @@ def main() -> None:
             raise
         # The message of an unexpected error may quote data; the type name never does.
         _fail(f"internal error ({type(exc).__name__}); set DELEATUR_DEBUG=1 for details", 1)
+    # Out of standalone mode, typer.Exit(code) (a failed verification, Ctrl-C's 130)
+    # comes back as the return value instead of ending the process.
+    if isinstance(status, int) and status:
+        raise SystemExit(status)
 
 
 __all__ = ["app", "main"]

@@ -104,6 +104,11 @@ UserOpt = Annotated[str, typer.Option("--user", "-u", help="user_id of the memor
 AgentOpt = Annotated[str, typer.Option("--agent", "-a", help="agent_id of the memory space.")]
 RunOpt = Annotated[str, typer.Option("--run", "-r", help="run_id of the memory space.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+#: The ``context_settings`` of a command whose argument is a number: click reads
+#: "-1" as an unknown option ("No such option: -1"); this lets it through to the
+#: command, whose own check refuses it by what is wrong with it. (An unknown option
+#: there is refused as not a number.)
+NUMBER_ARGUMENT: dict[str, Any] = {"ignore_unknown_options": True}
 LegalClaimOpt = Annotated[
     bool, typer.Option("--for-legal-claim", help="Allowed for a restricted subject (Art. 18(2)).")
 ]
@@ -125,6 +130,11 @@ def add_row(table: Table, *values: str) -> None:
     """A table row of plain text: stored text may contain "[...]", which rich would
     otherwise take for markup and swallow."""
     table.add_row(*(Text(visible(v, lines=True)) for v in values))
+
+
+def print_error(message: str) -> None:
+    """An error as every command reports one: a line on stderr, printed as given."""
+    err.print(f"error: {message}", markup=False, highlight=False)
 
 
 def emit(payload: Any) -> None:

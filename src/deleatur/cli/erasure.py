@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import getpass
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeGuard
 
@@ -11,7 +13,7 @@ import typer
 from rich.table import Table
 
 from ..clock import system_clock
-from ..erasure.engine import ErasureResult
+from ..erasure.engine import DRY_RUN_FIRST, ErasureResult
 from ..erasure.plan import ErasurePlan
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
@@ -97,6 +99,17 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
         )
 
 
+@contextmanager
+def _as_options() -> Iterator[None]:
+    """A refusal that names a library parameter, told as the option that sets it."""
+    try:
+        yield
+    except InvalidInputError as exc:
+        if exc.message == DRY_RUN_FIRST:
+            exc.message = "--issue-token needs --dry-run: a confirmation token comes from a dry run"
+        raise
+
+
 @app.command()
 def erase(
     subject: Annotated[str, typer.Argument(help="Who the records are about.")],
@@ -113,7 +126,7 @@ def erase(
     as_json: JsonOpt = False,
 ) -> None:
     """Art. 17: erase a subject everywhere (or in the spaces given), with signed tombstones."""
-    with open_memory() as memory:
+    with open_memory() as memory, _as_options():
         result = memory.erase(
             subject,
             request_id=request_id,
@@ -142,7 +155,7 @@ def erase_all(
     as_json: JsonOpt = False,
 ) -> None:
     """Account deletion: every space of one user (never another user's), with tombstones."""
-    with open_memory() as memory:
+    with open_memory() as memory, _as_options():
         result = memory.erase_all(
             user_id=user,
             agent_id=agent,

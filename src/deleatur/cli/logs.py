@@ -18,6 +18,7 @@ from ..log.witness import Witness
 from ..model import Space
 from ..store.evidence import StoreEvidence
 from .common import (
+    NUMBER_ARGUMENT,
     AgentOpt,
     JsonOpt,
     RunOpt,
@@ -110,7 +111,7 @@ def log_checkpoint(
     write_output(out_file, note.format())
 
 
-@log_app.command("prove")
+@log_app.command("prove", context_settings=NUMBER_ARGUMENT)
 def log_prove(index: int, out_file: OutOpt = None) -> None:
     """A C2SP tlog-proof that entry INDEX is in the log (the entry is in its `extra` line)."""
     with open_memory() as memory:
@@ -148,11 +149,21 @@ def log_rotation_proof(
 
 @log_app.command("add-cosignature")
 def log_add_cosignature(
-    signatures: Annotated[str, typer.Argument(help="The witness's signature lines ('-': stdin).")],
+    signatures: Annotated[
+        str,
+        typer.Argument(help="The witness's signature lines, or the cosigned checkpoint with them ('-': stdin)."),
+    ],
     witness: Annotated[str, typer.Option("--witness", help="The witness's cosigner key (type 0x04 vkey).")],
-    size: Annotated[int | None, typer.Option("--size", help="The checkpoint's tree size (default: latest).")] = None,
+    size: Annotated[
+        int | None,
+        typer.Option(
+            "--size",
+            help="The cosigned checkpoint's tree size (default: the one the signatures verify for,"
+            " the latest or one of the 999 before it).",
+        ),
+    ] = None,
 ) -> None:
-    """Check a witness's cosignature and attach it to the stored checkpoint."""
+    """Check a witness's cosignature and attach it to the stored checkpoint it is for."""
     try:
         verifier = CosignatureVerifier.from_vkey(witness)
     except NoteError as exc:
@@ -298,12 +309,16 @@ def witness_cosign(
 
 
 @witness_app.command("show")
-def witness_show(state: WitnessOpt) -> None:
+def witness_show(state: WitnessOpt, as_json: JsonOpt = False) -> None:
     """The witness's key and the latest size it cosigned for each log."""
     witness = Witness.open(state)
     try:
-        out.print(f"cosigner key: {witness.vkey}", markup=False, highlight=False)
-        for origin, vkey, size in witness.logs():
-            out.print(f"{origin}  size {size}  {vkey}", markup=False, highlight=False)
+        vkey, logs = witness.vkey, witness.logs()
     finally:
         witness.close()
+    if as_json:
+        emit({"cosigner_key": vkey, "logs": [{"origin": o, "vkey": v, "size": n} for o, v, n in logs]})
+        return
+    out.print(f"cosigner key: {vkey}", markup=False, highlight=False)
+    for origin, log_vkey, size in logs:
+        out.print(f"{origin}  size {size}  {log_vkey}", markup=False, highlight=False)

@@ -13,7 +13,7 @@ from rich.table import Table
 from ..erasure.requests import check_request_id
 from ..errors import InvalidInputError
 from ..rights.export import private_output
-from .common import JsonOpt, add_row, app, check_output_path, emit, open_memory, out
+from .common import NUMBER_ARGUMENT, JsonOpt, add_row, app, check_output_path, emit, open_memory, out
 from .erasure import ConfirmOpt, TokenOpt, report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides (default: cli:$USER).")]
@@ -90,7 +90,7 @@ retention_app = typer.Typer(help="The retention policy (Art. 5(1)(e)).", no_args
 app.add_typer(retention_app, name="retention")
 
 
-@retention_app.command("set")
+@retention_app.command("set", context_settings=NUMBER_ARGUMENT)
 def retention_set(
     kind: Annotated[str, typer.Argument(help="user, agent or run spaces.")],
     days: Annotated[float | None, typer.Argument(help="Days to keep; omit to keep indefinitely.")] = None,

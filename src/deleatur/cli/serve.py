@@ -5,19 +5,26 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from starlette.types import ASGIApp
 
 from ..crypto.master import from_environment
 from ..memory import Memory
-from ..servers.auth import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
-from ..servers.http import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES, create_app
-from ..servers.mcp import build_server, http_app
+from ..servers.defaults import (
+    DEFAULT_HANDLES,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_SESSIONS_PER_PRINCIPAL,
+)
 from ..servers.pool import HandlePool
-from ..servers.workers import listen, run_workers
-from .common import Options, app, err, store_tenant
+from .common import Options, app, err, print_error, store_tenant
+
+# The servers (FastAPI, MCP, uvicorn) are imported by the commands that run them:
+# at the top, they took half a second from every command, ``deleatur version`` too.
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 serve_app = typer.Typer(help="Serve the store over HTTP or MCP.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
@@ -45,11 +52,13 @@ def _opener() -> Callable[[], Memory]:
 def _serve(name: str, host: str, port: int, tail: str, build: Callable[[], ASGIApp], *, workers: int = 1) -> None:
     """Listen, say where once every worker runs, serve until stopped; exit non-zero if
     a worker failed."""
+    from ..servers.workers import listen, run_workers
+
     sock = listen(host, port)
     where = f"deleatur {name} on http://{host}:{sock.getsockname()[1]}{tail}"
     if workers > 1:
         where += f", {workers} worker processes"
-    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False))
+    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False), died=print_error)
     if status:
         raise typer.Exit(status)
 
@@ -69,15 +78,21 @@ def serve_http(
     ] = 1,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
+    from ..servers.http import create_app
+
     app = functools.partial(create_app, _opener(), max_body_bytes=max_body_bytes, handles=handles)
     _serve("HTTP API", host, port, " (OpenAPI at /openapi.json)", app, workers=workers)
 
 
 @serve_app.command("mcp")
 def serve_mcp(
-    transport: Annotated[Transport, typer.Option("--transport", help="stdio (local operator) or http.")] = (
-        Transport.stdio
-    ),
+    transport: Annotated[
+        Transport,
+        typer.Option(
+            "--transport",
+            help="stdio (as the local operator, or as the principal of --api-key) or http (bearer API keys).",
+        ),
+    ] = (Transport.stdio),
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8766,
     sessions_per_principal: Annotated[
@@ -98,6 +113,8 @@ def serve_mcp(
 ) -> None:
     """An MCP server: over stdio for a local client (as the local operator, or as the
     principal of --api-key), or streamable HTTP at /mcp (bearer API keys)."""
+    from ..servers.mcp import build_server, http_app
+
     pool = HandlePool(_opener(), limit=DEFAULT_HANDLES)
     if Options.api_key is not None:
         with pool.lease() as memory:

@@ -18,18 +18,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import AuthenticationError
 from ..memory import Memory
+from .defaults import DEFAULT_MAX_SESSIONS, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 SESSION_HEADER = "mcp-session-id"
-#: Live MCP sessions one principal may hold at once: enough for an agent's clients
-#: and their reconnections, few enough that no key can take the whole server's.
-DEFAULT_SESSIONS_PER_PRINCIPAL = 16
-#: Live MCP sessions in all (the SDK's own default is 10,000, some 37 KiB each).
-DEFAULT_MAX_SESSIONS = 1_000
-#: Seconds a session may go without a request in flight before it ends, freeing its
-#: slot (the SDK's own default is 30 minutes). A client whose session ended opens another.
-DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 #: Sent with every 401, as RFC 6750 asks.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="deleatur"'}
 

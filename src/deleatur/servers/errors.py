@@ -91,12 +91,27 @@ def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")
 
 
-# A client raises the class the server's code names; codes no library class has are
-# the server's own refusals of a malformed request.
+# The servers' own refusals of a request no library call saw: status, and the class a
+# client raises for the code.
+_SERVER_CODES: dict[str, tuple[int, type[DeleaturError]]] = {
+    "invalid_request": (422, InvalidInputError),
+    "body_too_large": (413, InvalidInputError),
+    "no_such_route": (404, NotFoundError),
+    "method_not_allowed": (405, DeleaturError),
+}
+
+#: Every stable code a server answers with, and its HTTP status (the README lists
+#: them all; a test compares the two). ``http_error`` is left out: it is any other
+#: status the HTTP stack answers with, and has none of its own.
+ERROR_CODES: dict[str, int] = (
+    {code: status for status, code in _STATUS.values()}
+    | {code: status for code, (status, _) in _SERVER_CODES.items()}
+    | {"deleatur_error": 500, "internal": 500}  # the fallbacks of error_info
+)
+
+# A client raises the class the server's code names.
 _CLASS_OF: dict[str, type[DeleaturError]] = {code: cls for cls, (_, code) in _STATUS.items()} | {
-    "invalid_request": InvalidInputError,
-    "body_too_large": InvalidInputError,
-    "no_such_route": NotFoundError,
+    code: cls for code, (_, cls) in _SERVER_CODES.items()
 }
 
 

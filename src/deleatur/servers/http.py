@@ -50,16 +50,11 @@ from .calls import (
     on_behalf,
     public_key,
 )
+from .defaults import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
-#: The largest request body accepted: a record's text is at most 64 KiB, so 1 MiB
-#: leaves room for metadata and certificates to verify, and no more.
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_BASIS = "Art. 17"
-#: Every call, a read included, appends its audit entry: more handles than one only
-#: queue on SQLite's write lock, and its busy handler's sleeps (measured in BENCHMARKS.md).
-DEFAULT_HANDLES = 1
 # Pauses of a request between tries for a lock another process holds: short at first,
 # since a write holds it for well under a millisecond, and at most 50 ms.
 _FIRST_PAUSE_S = 1e-3

@@ -31,14 +31,7 @@ from ..erasure.engine import ErasureResult
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
-from .auth import (
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SESSIONS_PER_PRINCIPAL,
-    BearerGate,
-    as_caller,
-    bearer_token,
-)
+from .auth import BearerGate, as_caller, bearer_token
 from .calls import (
     MAX_EXPORTS,
     MAX_PAGE,
@@ -49,6 +42,7 @@ from .calls import (
     new_request_id,
     public_key,
 )
+from .defaults import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, ResultTooLargeError, error_info
 from .pool import HandlePool
 

@@ -105,17 +105,37 @@ def _child(
         os._exit(status)
 
 
+def how_it_ended(status: int) -> str:
+    """A process's end as ``os.wait`` reports it, in words: a worker killed by the
+    kernel's OOM killer or an operator ends by a signal, and says nothing itself."""
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"was killed by signal {-code} ({name})"
+
+
+def _report_to_stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
 def run_workers(
     build: Callable[[], ASGIApp],
     sock: socket.socket,
     *,
     workers: int,
     started: Callable[[], None] = lambda: None,
+    died: Callable[[str], None] = _report_to_stderr,
     log_level: str = "warning",
 ) -> int:
     """Serve ``build()`` apps on ``sock`` from ``workers`` forked processes (one worker
     serves in this process) until a signal stops them; returns the exit status,
-    non-zero if a worker failed. ``started`` runs once every worker is forked."""
+    non-zero if a worker failed. ``started`` runs once every worker is forked;
+    ``died`` is told, in a line, which worker failed and how (else the server would
+    end with status 1 and no word why)."""
     if workers < 1:
         raise ValueError("a server needs at least one worker")
     if workers == 1:
@@ -134,7 +154,7 @@ def run_workers(
             return _serve(build, sock, log_level, "asyncio")
         finally:
             signal.signal(signal.SIGTERM, handler)
-    live: set[int] = set()
+    live: dict[int, int] = {}  # pid: worker number, from 1
     stopping = False
 
     def stop(_signum: int = 0, _frame: FrameType | None = None) -> None:
@@ -147,7 +167,7 @@ def run_workers(
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     failed = False
     try:
-        for _ in range(workers):
+        for number in range(1, workers + 1):
             if stopping:
                 break
             sys.stdout.flush()
@@ -160,17 +180,20 @@ def run_workers(
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child's coverage is not collected
                     _child(build, sock, log_level, parent, mask)
-                live.add(pid)
+                live[pid] = number
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if stopping:
-                stop()  # a stop handled between the fork and ``live.add`` reaches this worker too
+                stop()  # a stop handled between the fork and ``live[pid]`` reaches this worker too
         started()
         while live:
             pid, status = os.wait()
-            live.discard(pid)
+            number = live.pop(pid, 0)
             # uvicorn re-raises the signal that stopped it, so a stopped worker may end by it.
             if not stopping or os.waitstatus_to_exitcode(status) not in (0, -signal.SIGTERM, -signal.SIGINT):
+                which = f"worker {number} of {workers}" if number else "a child process"
+                others = "; stopping the others" if live and not stopping else ""
+                died(f"{which} (pid {pid}) {how_it_ended(status)}{others}")
                 failed = True
                 stop()
     finally:
@@ -180,4 +203,4 @@ def run_workers(
     return 1 if failed else 0
 
 
-__all__ = ["listen", "run_workers"]
+__all__ = ["how_it_ended", "listen", "run_workers"]

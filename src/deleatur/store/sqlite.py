@@ -866,8 +866,9 @@ class SQLiteBackend:
             row = self._conn.execute("SELECT size, note FROM log_checkpoints WHERE size = ?", (size,)).fetchone()
         return None if row is None else (int(row[0]), str(row[1]))
 
-    def checkpoints(self) -> Iterator[tuple[int, str]]:
-        for size, note in self._conn.execute("SELECT size, note FROM log_checkpoints ORDER BY size"):
+    def checkpoints(self, *, newest_first: bool = False) -> Iterator[tuple[int, str]]:
+        order = "DESC" if newest_first else "ASC"
+        for size, note in self._conn.execute(f"SELECT size, note FROM log_checkpoints ORDER BY size {order}"):
             yield int(size), str(note)
 
     def put_signing_key(self, key_id: str, vkey: str, log_index: int, created_at: int) -> None:
