@@ -74,7 +74,7 @@ def enter(
     return call
 
 
-def _within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] | None:
+def within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] | None:
     """The user ids of the caller's scopes that ``request`` reached, if it reached only
     those; None if it reached anyone else (or the whole tenant)."""
     scopes = memory.principal.scopes
@@ -94,7 +94,7 @@ def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any])
     if memory.principal.scopes is None or not is_request_id(request_id):
         return None
     row = memory.backend.get_request(memory.tenant, request_id)
-    return None if row is None else _within_scopes(memory, ErasureRequest.from_row(row))
+    return None if row is None else within_scopes(memory, ErasureRequest.from_row(row))
 
 
 def name_request_users(memory: Memory, request: ErasureRequest) -> None:
@@ -116,7 +116,7 @@ def readable_request(memory: Memory, request_id: str) -> ErasureRequest:
     else:
         row = memory.backend.get_request(memory.tenant, check_request_id(request_id))
         found = None if row is None else ErasureRequest.from_row(row)
-        if found is None or _within_scopes(memory, found) is None:
+        if found is None or within_scopes(memory, found) is None:
             raise deny(memory, "this key reads only the erasure requests within its scopes", "scope")
         request = settle(memory, found).beyond_scopes_hidden()
     name_request_users(memory, request)
@@ -132,7 +132,7 @@ def readable_requests(memory: Memory, *, limit: int | None, after: str | None) -
         # A cursor outside the key's scopes reads as one that names no request: the
         # pages must not tell which other users' request ids exist.
         row = memory.backend.get_request(memory.tenant, after)
-        if row is None or _within_scopes(memory, ErasureRequest.from_row(row)) is None:
+        if row is None or within_scopes(memory, ErasureRequest.from_row(row)) is None:
             return out
     while True:
         # A scoped key's page is filtered: read on until it is full or the requests end.
@@ -140,7 +140,7 @@ def readable_requests(memory: Memory, *, limit: int | None, after: str | None) -
         rows = memory.backend.requests(memory.tenant, after=after, limit=batch)
         for row in rows:
             request = ErasureRequest.from_row(row)
-            if scoped and _within_scopes(memory, request) is None:
+            if scoped and within_scopes(memory, request) is None:
                 continue
             out.append(request.beyond_scopes_hidden() if scoped else request)
             if limit is not None and len(out) == limit:
