@@ -12,7 +12,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import AccessDeniedError, Entry, EventType, InvalidInputError, Memory, Role, Space
+from deleatur import AccessDeniedError, Entry, EventType, InvalidInputError, Memory, Role, Space, SpaceFilter
 from deleatur.log.merkle import leaf_hash
 
 from .conftest import Cli, FakeClock, store_files, truncate_log
@@ -132,6 +132,94 @@ def test_show_is_limited_to_the_callers_tenant(memory: Memory) -> None:
     # It sees the creation of the store's signing key, and its own call.
     assert [a.entry.fields.get("action", a.entry.type.value) for a in seen] == ["key", "audit.show"]
     assert seen[-1].entry.fields["actor"] == outsider.id
+
+
+def alice_across_users(memory: Memory) -> None:
+    """The review's case: Alice's Art. 15 export, her restriction, and erasure DSAR-9 of
+    her 3 records in u1, while a record of hers in u3 keeps her key alive."""
+    for text in ("diagnosis A", "diagnosis B", "address"):
+        memory.remember(text, subject="Alice Martin", space=Space("u1"))
+    memory.remember("ticket", subject="Alice Martin", space=Space("u3"))
+    memory.export_json(io.StringIO(), subject="Alice Martin")
+    memory.restrict("Alice Martin", reason="contests accuracy", actor="dpo")
+    memory.erase("Alice Martin", request_id="DSAR-9", basis=BASIS, requester="dpo", scope=SpaceFilter("u1"))
+
+
+def test_a_scoped_key_cannot_link_a_guessed_name_to_other_users_requests(memory: Memory) -> None:
+    alice_across_users(memory)
+    member, _ = memory.create_principal("member u2", Role.MEMBER, scopes=["u2"])
+    mine = memory.as_principal(member)
+    # It names the guessed person in a call of its own, in its own user, and reads the trail.
+    mine.erase("alice martin", request_id="G-1", basis=BASIS, requester="me", scope=SpaceFilter("u2"), dry_run=True)
+    seen = list(mine.audit_entries())
+    # The signing key, its own creation (scoped to u2) and its own dry run: nothing of u1's or u3's.
+    assert [(a.entry.type, a.entry.fields.get("action")) for a in seen] == [
+        (EventType.KEY, None),
+        (EventType.CALL, "principal.create"),
+        (EventType.CALL, "erase"),
+    ]
+    guess = seen[-1]
+    assert guess.entry.fields["users"] == [memory._user_token("u2")]
+    assert guess.entry.fields["subject"].startswith("spsn:") and "sealed" not in guess.entry.fields
+    assert guess.subject is None and "psn:" not in json.dumps([a.to_json() for a in seen]).replace("spsn:", "")
+    # An unscoped reader still sees every entry, the same pseudonym in each entry about
+    # her (the erasure in u1 and her dry run alike) and her name.
+    everything = list(memory.audit_entries())
+    assert [a.index for a in everything] == list(range(memory.backend.log_size()))
+    [dry_run] = [a for a in everything if a.entry.fields.get("request") == "G-1"]
+    [hers] = {a.entry.fields["subject"] for a in everything if a.subject == "alice martin"}
+    assert hers == dry_run.entry.fields["subject"] and hers.startswith("psn:")
+    assert {EventType.ERASURE, EventType.RESTRICT, EventType.EXPORT} <= {a.entry.type for a in everything}
+
+
+def test_a_scoped_reader_sees_its_own_users_entries_page_by_page(memory: Memory) -> None:
+    u2 = SpaceFilter("u2")
+    memory.remember("Bob in u1", subject="Bob", space=Space("u1"))
+    kept = memory.remember("Bob likes jazz", subject="Bob", space=Space("u2"))
+    also = memory.remember("Bob plays bass", subject="Bob", space=Space("u2"))
+    gone = memory.remember("Carol's address", subject="Carol", space=Space("u2"))
+    memory.record_decision("a jazz night for Bob", [kept.id], space=Space("u2"))
+    for subject, request_id, dry_run in (("Bob", "B-0", True), ("Carol", "C-0", True), ("Carol", "U2-1", False)):
+        memory.erase(subject, request_id=request_id, basis=BASIS, requester="dpo", scope=u2, dry_run=dry_run)
+    auditor, key = memory.create_principal("auditor u2", Role.AUDITOR, scopes=["u2"])
+    wider, _ = memory.create_principal("auditor u2 u3", Role.AUDITOR, scopes=["u2", "u3"])
+    view = memory.as_principal(auditor)
+    seen = list(view.audit_entries())
+    calls = [a for a in seen if a.entry.type is EventType.CALL]
+    assert {tuple(a.entry.fields["users"]) for a in calls} == {(memory._user_token("u2"),)}
+    # Not the wider key's creation: it names u3 too.
+    actions = ["remember"] * 3 + ["decision.record"] + ["erase"] * 3 + ["principal.create"]
+    assert [a.entry.fields["action"] for a in calls] == actions
+    # Its records' entries while they are held, and its erasure's: Carol's write went with her record.
+    data = {(a.entry.type, a.entry.record or a.entry.fields.get("request")) for a in seen if a not in calls}
+    assert data - {(EventType.KEY, None), (EventType.DECISION, None)} == {
+        (EventType.WRITE, kept.id),
+        (EventType.WRITE, also.id),
+        (EventType.TOMBSTONE, gone.id),
+        (EventType.ERASURE, "U2-1"),
+    }
+    assert {EventType.KEY, EventType.DECISION} <= {a.entry.type for a in seen}
+    # The entries about one subject link to each other, under this key's scopes only.
+    bob, carol, erased = (a.entry.fields["subject"] for a in calls[4:7])
+    assert carol == erased != bob and bob.startswith("spsn:")
+    assert not any("sealed" in a.entry.fields for a in calls)
+    as_wider = {a.index: a for a in memory.as_principal(wider).audit_entries()}
+    assert as_wider[calls[4].index].entry.fields["subject"] not in (bob, None)
+    # Paging by start and limit gives the same entries, however many are skipped between.
+    paged: list[int] = []
+    while page := list(view.audit_entries(start=paged[-1] + 1 if paged else 0, limit=2)):
+        paged += [a.index for a in page]
+    assert paged == [a.index for a in seen]
+    # Its verification still reads every entry.
+    assert view.verify_audit().ok
+    # With u2's account erased and the key rescoped to the erased user, it sees the
+    # same calls with the same pseudonyms, and that erasure.
+    memory.erase_all(user_id="u2", request_id="U2-ALL", basis=BASIS, requester="dpo")
+    rescoped = memory.as_principal(memory.authenticate(key))
+    assert rescoped.principal.scopes != auditor.scopes
+    after = {a.index: a for a in rescoped.audit_entries()}
+    assert all(after[a.index].entry.fields.get("subject") == a.entry.fields.get("subject") for a in calls)
+    assert any(a.entry.type is EventType.ERASURE and a.entry.fields["request"] == "U2-ALL" for a in after.values())
 
 
 def test_an_explicit_tenant_that_is_not_the_api_keys_is_refused(cli: Cli) -> None:

@@ -548,6 +548,64 @@ def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[st
     assert verified["verdict"] == "PASS"
 
 
+def test_a_scoped_key_cannot_link_a_guessed_name_through_the_audit_route(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The review's repro: a key scoped to u2 names a guessed person in a dry run of its
+    own, then looks for that pseudonym in every other user's entries."""
+    opener = new_store(tmp_path_factory.mktemp("audit") / "mem.db")
+    admin_key, auditor_key = api_key(opener, Role.ADMIN), api_key(opener, Role.AUDITOR, scopes=["u2"])
+    admin, auditor = ({"Authorization": f"Bearer {k}"} for k in (admin_key, auditor_key))
+    member = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER, scopes=['u2'])}"}
+    with opener() as memory:
+        u2 = memory._user_token("u2")
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, timeout=60) as http:
+        for text, user in (("diagnosis A", "u1"), ("diagnosis B", "u1"), ("address", "u1"), ("ticket", "u3")):
+            memory_json = {"text": text, "subject": "Alice Martin", "user_id": user}
+            assert http.post("/v1/memories", headers=admin, json=memory_json).status_code == 201
+        assert http.get("/v1/export", headers=admin, params={"subject": "Alice Martin"}).status_code == 200
+        restriction = {"subject": "Alice Martin", "reason": "contests accuracy"}
+        assert http.post("/v1/restrictions", headers=admin, json=restriction).status_code == 201
+        erased = http.delete(
+            "/v1/subjects/Alice Martin", headers={**admin, "Idempotency-Key": "DSAR-9"}, params={"user_id": "u1"}
+        )
+        assert erased.json()["request"]["counts"]["records"] == 3
+        own = {"text": "Bob's note", "subject": "Bob", "user_id": "u2"}
+        assert http.post("/v1/memories", headers=member, json=own).status_code == 201
+        guess = {"subject": "alice martin", "user_id": "u2"}
+        assert http.post("/v1/erasure-plans", headers=member, json=guess).status_code == 200
+
+        def trail(who: dict[str, str], limit: int = 1000) -> list[dict[str, Any]]:
+            """The trail as ``who`` reads it, ``limit`` entries a page, up to a short page
+            (an unscoped reader's trail grows by an entry a page: its reads)."""
+            out: list[dict[str, Any]] = []
+            while True:
+                start = out[-1]["index"] + 1 if out else 0
+                page = http.get("/v1/audit", headers=who, params={"start": start, "limit": limit}).json()["entries"]
+                out += page
+                if len(page) < limit:
+                    return out
+
+        seen = trail(member)
+        assert trail(auditor) == trail(auditor, limit=2) == seen  # the same scopes see the same, page by page
+        shown = json.dumps(seen)
+        assert "DSAR-9" not in shown and '"psn:' not in shown and "sealed" not in shown
+        assert [e.get("action", e["type"]) for e in seen] == ["key"] + ["principal.create"] * 2 + [
+            "write",
+            "remember",
+            "erase",
+        ]
+        assert all(e["users"] == [u2] for e in seen if e["type"] == "call")
+        assert seen[-1]["subject"].startswith("spsn:") and "subject_name" not in seen[-1]
+        assert http.get("/v1/audit/verify", headers=auditor).json()["verdict"] == "PASS"
+        # The admin's trail is unchanged: every entry, her name, her erasure in u1.
+        everything = trail(admin)
+        assert [e["index"] for e in everything] == list(range(len(everything)))
+        assert {"DSAR-9", "alice martin"} <= {str(e.get("request")) for e in everything} | {
+            str(e.get("subject_name")) for e in everything
+        }
+
+
 def test_decisions_are_signed_and_redacted_on_erasure(client: Client) -> None:
     space = Space("decider")
     used = client.remember("Refunds within 30 days", subject="refund_window", space=space)

@@ -931,7 +931,8 @@ def create_app(
         actor: Annotated[str | None, Query(description="Only this principal's calls.")] = None,
     ) -> dict[str, Any]:
         """The audit trail of the caller's tenant, oldest first: every call and every
-        write, erasure and export, content-free."""
+        write, erasure and export, content-free. A key scoped to users reads only the
+        entries about those users, each subject as a pseudonym of its scopes' own."""
         entries = await serve(
             lambda m: [
                 e.to_json() for e in m.audit_entries(start=start, limit=limit, calls_only=calls_only, actor=actor)

@@ -254,6 +254,12 @@ class Backend(Protocol):
 
     def log_entries(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]: ...
 
+    def log_entries_with_users(self, tenant: str, start: int = 0) -> Iterator[tuple[int, bytes, str | None]]:
+        """(index, entry, user id) from ``start``: the user id of the record an entry of a
+        write, rectification or retirement is about, while ``tenant`` still holds that
+        record; None for every other entry."""
+        ...
+
     def log_indexes_of(self, record_id: str) -> list[int]: ...
 
     def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:

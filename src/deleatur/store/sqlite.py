@@ -823,6 +823,16 @@ class SQLiteBackend:
         for idx, entry in rows:
             yield int(idx), bytes(entry)
 
+    def log_entries_with_users(self, tenant: str, start: int = 0) -> Iterator[tuple[int, bytes, str | None]]:
+        # One scan: the join looks each record up by its unique id, in C.
+        rows = self._conn.execute(
+            "SELECT l.idx, l.entry, r.user_id FROM log_entries l"
+            " LEFT JOIN records r ON r.id = l.record_id AND r.tenant = ? WHERE l.idx >= ? ORDER BY l.idx",
+            (tenant, start),
+        )
+        for idx, entry, user_id in rows:
+            yield int(idx), bytes(entry), None if user_id is None else str(user_id)
+
     def replace_log_entries(self, entries: Sequence[tuple[int, bytes]]) -> None:
         self._conn.executemany("UPDATE log_entries SET entry = ? WHERE idx = ?", [(raw, i) for i, raw in entries])
         self.scrub_after_commit()
