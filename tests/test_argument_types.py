@@ -29,7 +29,7 @@ from deleatur import (
     from_passphrase,
 )
 
-from .conftest import MASTER
+from .conftest import MASTER, FakeClock
 
 #: One value of each kind a caller might pass where another kind is expected.
 KINDS: dict[str, object] = {
@@ -468,13 +468,15 @@ def test_public_functions_refuse_wrong_types(
     assert not problems, f"{function}({name}=...):\n" + "\n".join(problems)
 
 
-def test_an_empty_request_id_is_refused_by_purge_as_by_erase(memory: Memory) -> None:
+def test_an_empty_request_id_is_refused_by_purge_as_by_erase(memory: Memory, clock: FakeClock) -> None:
     """None asks purge for a generated id; an explicit empty one is bad input, as erase says."""
     with pytest.raises(InvalidInputError, match="request id must be") as erased:
         memory.erase("Alice", request_id="", basis="b", requester="r")
     with pytest.raises(InvalidInputError, match="request id must be") as purged:
         memory.purge(request_id="")
     assert purged.value.message == erased.value.message
+    memory.remember("expiring", subject="a", expires_at=clock.now + 1)
+    clock.advance(1)
     result = memory.purge(request_id=None)
     assert result.request is not None and result.request.id.startswith("RET-")
 

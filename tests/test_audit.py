@@ -362,12 +362,16 @@ def test_an_agent_purges_through_the_cli_with_its_dry_runs_token(cli: Cli) -> No
     key = json.loads(out)["api_key"]
     code, _, err = cli("--api-key", key, "purge")
     assert code != 0 and "token" in err
-    code, out, _ = cli("--api-key", key, "purge", "--dry-run", "--issue-token", "--json")
-    assert code == 0, out
-    token = json.loads(out)["token"]
-    code, out, err = cli("--api-key", key, "purge", "--confirm", token, "--json")
-    assert code == 0, err
-    assert json.loads(out)["request"]["status"] == "complete"
+    for due in (False, True):
+        if due:
+            assert cli("remember", "old note", "-s", "a")[0] == 0
+        code, out, _ = cli("--api-key", key, "purge", "--older-than", "0", "--dry-run", "--issue-token", "--json")
+        assert code == 0, out
+        token = json.loads(out)["token"]
+        code, out, err = cli("--api-key", key, "purge", "--older-than", "0", "--confirm", token, "--json")
+        assert code == 0, err
+        done = json.loads(out)
+        assert done["request"]["status"] == "complete" if due else done["nothing_due"]
 
 
 def test_streaming_calls_refuse_bad_arguments_when_made_and_audit_the_failure(memory: Memory) -> None:

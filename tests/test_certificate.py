@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import shutil
 from collections.abc import Iterator
@@ -13,10 +14,15 @@ from typing import Any
 import apsw
 import pytest
 
-from deleatur import Memory, NewMemory, Space, from_bytes
+from deleatur import Memory, NewMemory, Space, SpaceFilter, from_bytes
+from deleatur.erasure import certificate as certificate_module
+from deleatur.erasure.certificate import signed_message
+from deleatur.erasure.requests import NOTHING_HELD
+from deleatur.erasure.scope import scope_statement
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry
 from deleatur.log.note import Note, Signer
+from deleatur.log.report import Report
 from deleatur.store.evidence import StoreEvidence
 
 from .conftest import MASTER, FakeClock
@@ -142,11 +148,127 @@ def test_a_re_signed_edit_still_fails_the_content_checks(erased: tuple[Memory, d
     assert resigned(lambda b: b["tombstones"][0]["proof"].reverse()) == ["tombstones"]
 
 
-def test_zero_erasures_never_verify_as_an_erasure(memory: Memory) -> None:
-    memory.erase("Nobody", request_id="DSAR-0", basis=BASIS, requester="dpo")
+def _detail(report: Report, name: str) -> str:
+    [check] = [c for c in report.checks if c.name == name]
+    return check.detail
+
+
+def test_a_request_about_someone_the_store_never_held_is_certified_as_such(
+    memory: Memory, clock: FakeClock, evidence: StoreEvidence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Art. 17 asks for an answer even when nothing is held: the request is recorded, and
+    its certificate verifies, saying that nothing was held, never that something was erased."""
+    memory.remember("someone else", subject="Bob")
+    done = memory.erase("Nobody", request_id="DSAR-0", basis=BASIS, requester="dpo").request
+    assert done is not None and done.status.value == "complete"
+    assert [r.id for r in memory.erasure_requests()] == ["DSAR-0"]
     cert = memory.certificate("DSAR-0")
     assert "nothing was erased" in cert["certificate"]["scope_statement"]["text"]
-    assert _verify(memory, cert) == ["attests_erasure"]
+    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    assert report.ok, report.lines()
+    assert _detail(report, "attests_erasure") == NOTHING_HELD
+    # It attests nothing: a statement edited to claim more, or a tombstone added, fails.
+    signer = memory.log.signer
+    assert signer is not None
+    forged = copy.deepcopy(cert)
+    forged["certificate"]["scope_statement"]["covers"] = ["every record of the subject"]
+    forged["signature"] = base64.b64encode(signer.sign_bytes(signed_message(forged["certificate"]))).decode()
+    assert _verify(memory, forged) == ["scope_intact"]
+    # A certificate of the first statement wording that attests nothing verifies the same.
+    monkeypatch.setattr(
+        certificate_module, "scope_statement", functools.partial(scope_statement, version="deleatur-scope/v1")
+    )
+    assert _verify(memory, memory.certificate("DSAR-0"), evidence) == []
+    # Whatever of the subject is written later within the request's scope (the tenant) contradicts it.
+    clock.advance(1)
+    memory.remember("Nobody's phone", subject="Nobody")
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_an_erasure_limited_to_some_spaces_is_checked_within_them(
+    memory: Memory, clock: FakeClock, evidence: StoreEvidence
+) -> None:
+    """The subject's records beyond the erasure's scope (another user's) are not this
+    erasure's: its certificate verifies against the store, which a record re-inserted
+    within the scope, under any id, still fails."""
+    memory.remember("n1", subject="N", space=Space("u1"))
+    memory.remember("n2", subject="N", space=Space("u1", "bot"))
+    memory.remember("n3", subject="N", space=Space("u2"))
+    memory.erase("N", request_id="S1", basis=BASIS, requester="dpo", scope=SpaceFilter("u1"))
+    cert = memory.certificate("S1")
+    assert cert["certificate"]["erasure"]["key_destroyed"] is False
+    assert "u1" not in json.dumps(cert["certificate"]["request"]["scope"])  # its key stays in the store
+    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    assert report.ok, report.lines()
+    assert _detail(report, "store_absent") == (
+        "none of the 2 erased record(s) is live, nor any record of the subject within its scope"
+        " (1 outside it, which this erasure did not reach)"
+    )
+    clock.advance(1)
+    memory.remember("n4", subject="N", space=Space("u3"))  # beyond the scope: still no failure
+    assert _verify(memory, cert, evidence) == []
+    again = memory.remember("n1", subject="N", space=Space("u1", "other-agent"))
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+    assert "within the erasure's scope" in _detail(verify_certificate(cert, store=evidence), "store_absent")
+    memory.forget(record_id=again.id, space=Space("u1", "other-agent"))  # retired, not gone: still live
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_a_scope_of_agent_and_run_is_matched_level_by_level(memory: Memory, evidence: StoreEvidence) -> None:
+    memory.remember("n1", subject="N", space=Space("u1", "bot", "r1"))
+    memory.remember("n2", subject="N", space=Space("u1", "bot", "r2"))
+    memory.erase("N", request_id="S2", basis=BASIS, requester="dpo", scope=SpaceFilter(None, "bot", "r1"))
+    cert = memory.certificate("S2")
+    assert _verify(memory, cert, evidence) == []
+    memory.remember("n1 again", subject="N", space=Space("u1", "other", "r1"))
+    memory.remember("n1 again", subject="N", space=Space("u2", "bot", "r3"))
+    assert _verify(memory, cert, evidence) == []
+    memory.remember("n1 again", subject="N", space=Space("u2", "bot", "r1"))
+    assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_a_key_destroyed_by_a_limited_erasure_is_checked_as_of_the_erasure(
+    memory: Memory, clock: FakeClock, evidence: StoreEvidence
+) -> None:
+    """All of the subject's records lay in the scope, so its key went: a key made later, for
+    a record beyond the scope, is not that key; the key restored from a backup is."""
+    memory.remember("n1", subject="N", space=Space("u1"))
+    keys = memory.keys._conn
+    backup = keys.execute("SELECT * FROM data_keys").fetchall()
+    memory.erase("N", request_id="S3", basis=BASIS, requester="dpo", scope=SpaceFilter("u1"))
+    cert = memory.certificate("S3")
+    assert cert["certificate"]["erasure"]["key_destroyed"] is True
+    assert _verify(memory, cert, evidence) == []
+    clock.advance(1)
+    memory.remember("n2", subject="N", space=Space("u2"))
+    assert _verify(memory, cert, evidence) == []
+    keys.execute("DELETE FROM data_keys")
+    keys.executemany(f"INSERT INTO data_keys VALUES ({', '.join('?' * len(backup[0]))})", backup)
+    report = verify_certificate(cert, store=evidence)
+    assert [c.name for c in report.failed] == ["store_absent"]
+    assert _detail(report, "store_absent") == "the subject's data key is still in the key store"
+
+
+def test_a_limited_erasure_recorded_before_the_store_kept_its_scope_key(
+    memory: Memory, evidence: StoreEvidence
+) -> None:
+    """Its scope cannot be matched: the erased ids are still checked, and the detail says
+    what could not be."""
+    record = memory.remember("n1", subject="N", space=Space("u1"))
+    memory.remember("n3", subject="N", space=Space("u2"))
+    memory.erase("N", request_id="S4", basis=BASIS, requester="dpo", scope=SpaceFilter("u1"))
+    cert = memory.certificate("S4")
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    conn.execute("UPDATE erasure_requests SET scope_key = NULL")
+    report = verify_certificate(cert, store=evidence)
+    assert report.ok, report.lines()
+    assert "1 live record(s) of the subject could not be placed" in _detail(report, "store_absent")
+    conn.execute(
+        "INSERT INTO records SELECT 1000, ?, tenant, user_id, agent_id, run_id, subject_ref, key_ref, key_id, status,"
+        " supersedes, confidence, created_at, updated_at, expires_at, ciphertext FROM records WHERE user_id = 'u2'",
+        (record.id,),
+    )
+    assert _verify(memory, cert, evidence) == ["store_absent"]
 
 
 def test_erased_record_reinserted_under_a_new_id_fails(

@@ -160,3 +160,52 @@ def test_a_damaged_certificate_is_a_fail_verdict_not_an_internal_error(cli: Cli,
     code, out, err = cli("verify", str(damaged))
     assert (code, out) == (2, "")
     assert len(err.strip().split("\n")) == 1 and "internal error" not in err
+
+
+def test_an_erasure_limited_to_a_user_verifies_against_the_store(cli: Cli, tmp_path: Path) -> None:
+    """The person is known to another user too: the erasure of one user's records about
+    them is certified, and checked against the store, within that user's spaces."""
+    assert cli("init")[0] == 0
+    store = tmp_path / "cli.db"
+    cli("remember", "n1", "--subject", "N", "--user", "u1")
+    cli("remember", "n3", "--subject", "N", "--user", "u2")
+    assert cli("erase", "N", "--request-id", "S1", "--basis", "b", "--user", "u1")[0] == 0
+    cert = tmp_path / "s1.json"
+    assert cli("certificate", "--request-id", "S1", "--out", str(cert))[0] == 0
+    code, out, _ = cli("verify", str(cert), "--store", str(store))
+    assert code == 0, out
+    assert "nor any record of the subject within its scope (1 outside it" in out
+    assert out.strip().endswith("VERDICT: PASS")
+    cli("remember", "n1 again", "--subject", "N", "--user", "u1")  # re-inserted within the scope
+    code, out, _ = cli("verify", str(cert), "--store", str(store))
+    assert code == 1
+    assert "FAIL 10 store_absent: a live record of the subject lies within the erasure's scope" in out
+
+
+def test_a_request_about_someone_never_held_is_answered_and_certified(cli: Cli, store: Path, tmp_path: Path) -> None:
+    code, out, _ = cli("erase", "Nobody", "--request-id", "DSAR-0", "--basis", "b")
+    assert code == 0
+    assert "nothing was held: no record matched this request within its scope" in out
+    assert "certificate: deleatur certificate --request-id DSAR-0" in out
+    code, out, _ = cli("requests", "--json")
+    assert [(r["id"], r["status"]) for r in json.loads(out)] == [("DSAR-0", "complete")]
+    cert = tmp_path / "nobody.json"
+    code, out, _ = cli("certificate", "--request-id", "DSAR-0", "--out", str(cert))
+    assert "nothing was held: it attests no erasure" in out
+    code, out, _ = cli("verify", str(cert), "--store", str(store))
+    assert code == 0, out
+    assert "OK    5 attests_erasure: nothing was held" in out
+
+
+def test_a_purge_with_nothing_due_records_no_request(cli: Cli, store: Path) -> None:
+    code, out, _ = cli("purge", "--dry-run")
+    assert code == 0
+    assert "would erase 0 record(s)" in out and "note:" not in out
+    for args in ((), ("--older-than", "3650", "--include-audit")):
+        code, out, _ = cli("purge", *args)
+        assert code == 0
+        assert "nothing to purge: no record is due, and no request was recorded" in out
+    assert "audit entries pruned: 0" in out
+    code, out, _ = cli("purge", "--json")
+    assert json.loads(out)["nothing_due"] is True
+    assert json.loads(cli("requests", "--json")[1]) == []

@@ -35,10 +35,12 @@ from deleatur.client import Client
 from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.erasure.requests import RequestStatus
+from deleatur.erasure.verify import verify_certificate
 from deleatur.model import Space, SpaceFilter
 from deleatur.servers.calls import MAX_EXPORTS
 from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
+from deleatur.store.evidence import StoreEvidence
 
 from .serving import api_key, new_store, paged_by_bytes, serving
 
@@ -248,6 +250,31 @@ def test_account_erasure_and_status(client: Client) -> None:
     assert len(list(client.list(space=Space("acct-10")))) == 1
 
 
+def test_an_agents_erasure_limited_to_its_user_verifies_against_the_store(tmp_path: Path) -> None:
+    """An agent's erasure is limited to its users: the person may be known to another user,
+    and the certificate still verifies against the store; a request that found nothing
+    has one too, which says so."""
+    path = tmp_path / "mem.db"
+    opener = new_store(path)
+    with opener() as memory:
+        memory.remember("about Wendy", subject="Wendy", space=Space("uA"))
+        memory.remember("about Wendy elsewhere", subject="Wendy", space=Space("uB"))
+    admin = {"Authorization": f"Bearer {api_key(opener, Role.ADMIN)}"}
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=admin) as http:
+        for request_id, records in (("W-1", 1), ("W-2", 0)):
+            erased = http.delete(
+                "/v1/subjects/Wendy", params={"user_id": "uA"}, headers={"Idempotency-Key": request_id}
+            )
+            assert (erased.status_code, erased.json()["counts"]["records"]) == (202, records)
+            certificate = http.get(erased.json()["certificate_url"]).json()
+            evidence = StoreEvidence(path)
+            try:
+                report = verify_certificate(certificate, store=evidence)
+            finally:
+                evidence.close()
+            assert report.ok, report.lines()
+
+
 def test_export_restrict_and_purge(client: Client) -> None:
     client.remember("Eve's note", subject="Eve", space=Space("export-user"))
     out = io.StringIO()
@@ -263,8 +290,10 @@ def test_export_restrict_and_purge(client: Client) -> None:
     client.unrestrict("Eve")
     assert client.restrictions() == []
     assert client.purge(dry_run=True).request is None
-    purged = client.purge(request_id="RET-1").request
-    assert purged is not None and purged.id == "RET-1"
+    nothing = client.purge(request_id="RET-1")  # nothing is due: no request is recorded
+    assert (nothing.request, nothing.nothing_due) == (None, True)
+    with pytest.raises(NotFoundError):
+        client.erasure_request("RET-1")
 
 
 def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:

@@ -134,7 +134,14 @@ async def _tour(session: ClientSession) -> None:
     explained = await _call(session, "explain_decision", decision_id=decision_id, user_id="c1")
     assert f"{record['id']}: [redacted: erased]" in _text(explained)
     none = await _call(session, "delete", subject="refund_window", user_id="c1", request_id="DEL-2")
-    assert _text(none) == "No records found for 'refund_window'." + kept
+    assert _text(none).startswith(
+        "No records found for 'refund_window'." + kept + "\n  Nothing was held: no record matched this request"
+        " within its scope, so none was erased; request DEL-2 is complete — get its signed certificate with"
+        " erasure_certificate('DEL-2')"
+    )
+    nothing = await _data(session, "erasure_certificate", request_id="DEL-2")
+    verdict = await _data(session, "verify_certificate", certificate=nothing, expected_pubkey=key["vkey"])
+    assert verdict["verdict"] == "PASS" and verdict["checks"][4]["detail"].startswith("nothing was held")
     status = await _call(session, "erasure_status", request_id="DEL-1")
     assert _text(status) == "Request DEL-1 is complete: received done, records_erased done, keys_destroyed done."
     certificate = await _data(session, "erasure_certificate", request_id="DEL-1")
@@ -156,11 +163,15 @@ async def _tour(session: ClientSession) -> None:
     assert unnamed.is_error and "user_id" in _text(unnamed)
     account = await _call(session, "delete_all", user_id="acct", request_id="ACC-1")
     assert _text(account).startswith("Erased all memory for 'acct' (1 record(s)).")
-    purged = await _call(session, "purge_expired", older_than_days=3650)
-    assert _text(purged).startswith("Purged 0 record(s) older than 3650 days")
-    named = await _data(session, "purge_expired", older_than_days=3650, request_id="RET-7")
-    again = await _data(session, "purge_expired", older_than_days=3650, request_id="RET-7")
-    assert named["request"]["id"] == again["request"]["id"] == "RET-7" and again["repeated"]
+    nothing_due = await _call(session, "purge_expired", older_than_days=3650)
+    assert _text(nothing_due) == (
+        "Nothing to purge: no record is due, and no request was recorded (the audit log has the call)."
+    )
+    assert nothing_due.structured_content is not None and nothing_due.structured_content["nothing_due"]
+    purged = await _call(session, "purge_expired", older_than_days=0, request_id="RET-7")
+    assert _text(purged).startswith("Purged ") and "older than 0 days [request RET-7]" in _text(purged)
+    again = await _data(session, "purge_expired", older_than_days=0, request_id="RET-7")
+    assert again["request"]["id"] == "RET-7" and again["repeated"]
 
 
 def _over_stdio(tmp_path: Path, env: dict[str, str], session_run: Session) -> None:

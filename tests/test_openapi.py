@@ -64,7 +64,7 @@ def test_no_generated_request_gets_a_server_error(tmp_path: Path, mode: Generati
 def test_every_error_answer_is_documented_as_it_is(tmp_path: Path) -> None:
     """Each error status, provoked for real, is documented for its route, with the body
     it has: ``{"error": {"code", "message"}}``, not FastAPI's ``{"detail": [...]}``.
-    So is a purge's 202."""
+    So are a purge's 202, and its 200 when nothing is due."""
     opener = new_store(tmp_path / "mem.db")
     admin = {"Authorization": f"Bearer {api_key(opener, Role.ADMIN)}"}
     viewer = {"Authorization": f"Bearer {api_key(opener, Role.VIEWER)}"}
@@ -73,6 +73,7 @@ def test_every_error_answer_is_documented_as_it_is(tmp_path: Path) -> None:
         assert "HTTPValidationError" not in schema.raw_schema["components"]["schemas"]
         unknown = "00dc6acf-ac00-7000-8000-000000000000"
         httpx.delete(f"{url}/v1/subjects/Someone", headers={**admin, "Idempotency-Key": "USED-1"})
+        httpx.post(f"{url}/v1/memories", headers=admin, json={"text": "to purge", "subject": "s"})
         calls: list[tuple[str, str, str, dict[str, Any], int]] = [
             ("GET", "/v1/memories/{record_id}", f"/v1/memories/{unknown}", {}, 401),
             ("POST", "/v1/memories", "/v1/memories", {"headers": viewer, "json": {"text": "t", "subject": "s"}}, 403),
@@ -94,8 +95,9 @@ def test_every_error_answer_is_documented_as_it_is(tmp_path: Path) -> None:
                 {"headers": admin, "params": {"require_confirmation": "true"}},
                 428,
             ),
-            ("POST", "/v1/purge", "/v1/purge", {"headers": admin, "json": {}}, 202),
+            ("POST", "/v1/purge", "/v1/purge", {"headers": admin, "json": {}}, 200),  # nothing due
             ("POST", "/v1/purge", "/v1/purge", {"headers": admin, "json": {"dry_run": True}}, 200),
+            ("POST", "/v1/purge", "/v1/purge", {"headers": admin, "json": {"older_than_days": 0}}, 202),
         ]
         for method, template, path, arguments, status in calls:
             response = httpx.request(method, f"{url}{path}", **arguments)

@@ -10,8 +10,9 @@ import pytest
 from deleatur import InvalidInputError, Memory, NotFoundError, Space, from_file
 from deleatur.clock import system_clock
 from deleatur.crypto.master import default_key_file
-from deleatur.erasure.engine import RequestIdReusedError
+from deleatur.erasure.engine import ErasureResult, RequestIdReusedError
 from deleatur.erasure.requests import RequestKind
+from deleatur.errors import StoreError
 from deleatur.log.entries import Entry
 
 from .conftest import Cli, FakeClock, store_files
@@ -128,3 +129,43 @@ def test_retention_cli(cli: Cli, tmp_path: Path) -> None:
     assert code == 0
     assert "erased 1 record(s)" in out
     assert cli("purge", "--older-than", "-1")[0] == 2
+
+
+def test_a_purge_that_finds_nothing_due_records_no_request(
+    memory: Memory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run daily, a purge must not fill the list of requests with empty ones: one that finds
+    nothing due records none, and says so; its call's audit entry shows that it ran."""
+    memory.remember("kept", subject="a")
+    for request_id in (None, "RET-NAMED"):
+        result = memory.purge(request_id=request_id, older_than_days=30)
+        assert (result.request, result.nothing_due) == (None, True)
+        shown = result.to_json(clock.now)
+        assert (shown["dry_run"], shown["nothing_due"], shown["request"]) == (False, True, None)
+        assert ErasureResult.from_json(json.loads(json.dumps(shown))) == result
+    assert memory.erasure_requests() == []
+    with pytest.raises(NotFoundError):
+        memory.erasure_request("RET-NAMED")
+    calls = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["action"] == "purge"]
+    assert [c["outcome"] for c in calls] == ["ok", "ok"] and calls[1]["request"] == "RET-NAMED"
+    # A purge is no subject's erasure: its plan has no note about one.
+    plan = memory.purge(dry_run=True).plan
+    assert plan is not None and plan.to_json()["note"] is None
+
+    # A request already recorded, failed, is recorded done when retried, though nothing is left.
+    expiring = memory.remember("expiring", subject="b", expires_at=clock.now + 1)
+    clock.advance(1)
+
+    def broken(rows: object) -> None:
+        raise StoreError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(memory, "_purge", broken)
+        with pytest.raises(StoreError):
+            memory.purge(request_id="RET-F")
+    assert memory.erasure_request("RET-F").status.value == "failed"
+    memory.erase("b", request_id="DSAR-B", basis="Art. 17(1)(a)", requester="dpo")
+    retried = memory.purge(request_id="RET-F").request
+    assert retried is not None and (retried.status.value, retried.record_ids) == ("complete", ())
+    with pytest.raises(NotFoundError):  # it went with the subject's erasure
+        memory.get(expiring.id)

@@ -31,9 +31,11 @@ from deleatur import (
 )
 from deleatur.access.calls import SYSTEM
 from deleatur.erasure.engine import ConfirmationRequiredError
+from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import EventType
 from deleatur.log.tlog import TransparencyLog
 from deleatur.store import schema
+from deleatur.store.evidence import StoreEvidence
 
 from .conftest import MASTER, FakeClock, store_files
 
@@ -48,8 +50,14 @@ def _version(path: Path) -> int:
         conn.close()
 
 
+def _undo_v14(conn: apsw.Connection) -> None:
+    """The erasure requests as v13 left them: no scope keys."""
+    conn.execute("ALTER TABLE erasure_requests DROP COLUMN scope_key")
+
+
 def _undo_v13(conn: apsw.Connection) -> None:
     """The erasure requests as v12 left them: not numbered, indexed by time of receipt."""
+    _undo_v14(conn)
     conn.execute("DROP TRIGGER erasure_requests_numbered")
     conn.execute("DROP INDEX erasure_requests_seq")
     conn.execute("ALTER TABLE erasure_requests DROP COLUMN seq")
@@ -356,7 +364,7 @@ def test_a_v12_store_keeps_listing_its_requests_in_the_order_it_did(store_path: 
     conn.execute("PRAGMA user_version = 12")
     conn.close()
     with Memory.open(store_path, from_bytes(MASTER), clock=clock) as memory:
-        assert _version(store_path) == max(schema.MIGRATIONS) == 13
+        assert _version(store_path) == max(schema.MIGRATIONS) == 14
         assert [r.id for r in memory.erasure_requests()] == ["V12-0", "V12-A", "V12-B", "V12-C"]
         assert [r.id for r in memory.erasure_requests(after="V12-A", limit=1)] == ["V12-B"]
         clock.advance(-3600)
@@ -396,6 +404,38 @@ def test_requests_an_older_release_writes_beside_the_upgrade_stay_listed(store_p
             paged.append(page[0].id)
             after = page[0].id
         assert paged == ["R-1", "R-3", "OLD-NEW", "R-2"]
+
+
+def test_a_limited_erasure_from_before_v14_still_verifies_against_its_store(store_path: Path) -> None:
+    """v14 keeps the key of a limited erasure's scope, for the certificate's absence check;
+    a request recorded before has none. Its certificate verifies against the store (read,
+    not upgraded, or upgraded), checking the erased ids, and says what it could not check."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("n1", subject="N", space=Space("u1"))
+        memory.remember("n3", subject="N", space=Space("u2"))
+        memory.erase("N", request_id="OLD-S", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
+        cert = memory.certificate("OLD-S")
+    conn = apsw.Connection(str(store_path))
+    _undo_v14(conn)
+    conn.execute("PRAGMA user_version = 13")
+    conn.close()
+    for upgraded in (False, True):
+        if upgraded:
+            Memory.open(store_path, from_bytes(MASTER)).close()
+        assert _version(store_path) == (14 if upgraded else 13)
+        evidence = StoreEvidence(store_path)
+        try:
+            report = verify_certificate(cert, store=evidence)
+        finally:
+            evidence.close()
+        assert report.ok, report.lines()
+        assert "could not be placed in or out of the erasure's scope" in report.checks[-1].detail
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert memory.erasure_request("OLD-S").scope_key is None
+        memory.remember("n4", subject="M", space=Space("u1"))
+        memory.erase("M", request_id="NEW-S", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
+        assert memory.erasure_request("NEW-S").scope_key is not None
 
 
 def _as_v11_left_it(store_path: Path, scopes: dict[str, list[str]]) -> None:

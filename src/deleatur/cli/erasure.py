@@ -14,7 +14,8 @@ from rich.table import Table
 
 from ..clock import system_clock
 from ..erasure.engine import DRY_RUN_FIRST, ErasureResult
-from ..erasure.plan import ErasurePlan
+from ..erasure.plan import RESIDUE_HINT, ErasurePlan
+from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
 from ..log.note import Note, NoteError, check_key_name
@@ -69,7 +70,8 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     if plan.outside_lineage:
         out.print(f"kept: {plan.outside_lineage} derived record(s) outside this scope")
     _print_kept_restricted(plan.kept_restricted)
-    out.print(f"note: {plan.to_json()['note']}", markup=False)
+    if plan.subject is not None:
+        out.print(f"note: {RESIDUE_HINT}", markup=False)
     if token:
         out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
 
@@ -78,13 +80,17 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
     if as_json:
         emit({**result.to_json(system_clock()), **(extra or {})})
         return
-    if result.request is None:
-        assert result.plan is not None
-        _print_plan(result.plan, result.token)
-        return
-    request = result.request
     for name, value in (extra or {}).items():
         out.print(f"{name.replace('_', ' ')}: {value}", markup=False)
+    if result.request is None:
+        assert result.plan is not None
+        if result.nothing_due:
+            out.print(NOTHING_DUE, markup=False)
+            _print_kept_restricted(result.plan.kept_restricted)
+        else:
+            _print_plan(result.plan, result.token)
+        return
+    request = result.request
     counts = request.counts
     prefix = "already done: " if result.repeated else ""
     out.print(
@@ -93,10 +99,9 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
         markup=False,
     )
     _print_kept_restricted(counts.get("kept_restricted", 0))
-    if counts.get("records", 0):
-        out.print(
-            f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False
-        )
+    if not counts.get("records", 0):
+        out.print(f"{NOTHING_HELD}; the request is recorded, and its certificate says so", markup=False)
+    out.print(f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False)
 
 
 @contextmanager
@@ -209,7 +214,8 @@ def certificate(
     write_output(out_file, json.dumps(document, indent=2, sort_keys=True) + "\n")
     if out_file is not None:
         attested = document["certificate"]["erasure"]["records"]
-        out.print(f"wrote erasure certificate -> {out_file} ({attested} erasure(s) attested)", markup=False)
+        what = f"{attested} erasure(s) attested" if attested else "nothing was held: it attests no erasure"
+        out.print(f"wrote erasure certificate -> {out_file} ({what})", markup=False)
 
 
 @app.command()

@@ -88,7 +88,8 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             "records": records,
             "record_ids": list(request.record_ids),
             # A keyed blind index (HMAC under the store's master key), not the name:
-            # it lets a verifier holding the store check no record of the subject is live.
+            # it lets a verifier holding the store check no record of the subject is live
+            # within the erasure's scope (the store keeps the key of its pseudonyms).
             "subject_ref": None if request.subject_ref is None else request.subject_ref.hex(),
             "key_destroyed": key_destroyed,
             "keys_destroyed": destroyed,

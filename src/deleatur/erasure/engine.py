@@ -15,8 +15,8 @@ never committed (:func:`collect_unused_keys`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-import hmac
 import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +39,15 @@ from ..model import (
     one_line,
 )
 from .plan import ErasurePlan, build_plan
-from .requests import ErasureRequest, RequestKind, RequestStatus, check_request_id, reached_users, within_scopes
+from .requests import (
+    ErasureRequest,
+    RequestKind,
+    RequestStatus,
+    check_request_id,
+    reached_users,
+    space_pseudonym,
+    within_scopes,
+)
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -66,28 +74,41 @@ class _Repeated(Exception):
     """Leaves the write transaction (writing nothing) when the request id is already done."""
 
 
+class _NothingDue(Exception):
+    """Leaves the write transaction (writing nothing) when a purge finds nothing due."""
+
+    def __init__(self, plan: ErasurePlan) -> None:
+        self.plan = plan
+
+
 @dataclass(frozen=True, slots=True)
 class ErasureResult:
-    request: ErasureRequest | None  # None for a dry run
+    request: ErasureRequest | None  # None for a dry run, and for a purge that found nothing due
     #: None when an earlier result is returned for a repeated id, and in a result read
     #: back from JSON (a remote client's): the JSON of an erasure that ran holds only its
     #: request, for the plan names what was erased (its subjects' spellings).
     plan: ErasurePlan | None
     token: str | None = None
     repeated: bool = False
+    #: A purge that found no record due: it recorded no request (see README, "Retention").
+    nothing_due: bool = False
 
     def to_json(self, now: int) -> dict[str, Any]:
-        """A dry run's plan and token, or the request an erasure made (or repeated): what
-        every shell prints. ``now`` decides whether the request's deadline was met."""
+        """A dry run's plan and token, a purge's plan that found nothing due, or the request
+        an erasure made (or repeated): what every shell prints. ``now`` decides whether the
+        request's deadline was met."""
         if self.request is None:
             assert self.plan is not None
+            if self.nothing_due:
+                return {"dry_run": False, "nothing_due": True, "plan": self.plan.to_json(), "request": None}
             return {"dry_run": True, "plan": self.plan.to_json(), "token": self.token}
         return {"request": self.request.to_json(now), "repeated": self.repeated}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ErasureResult:
-        if data.get("dry_run"):
-            return cls(None, ErasurePlan.from_json(data["plan"]), data["token"])
+        if data.get("dry_run") or data.get("nothing_due"):
+            plan = ErasurePlan.from_json(data["plan"])
+            return cls(None, plan, data.get("token"), nothing_due=bool(data.get("nothing_due")))
         return cls(ErasureRequest.from_json(data["request"]), None, repeated=data["repeated"])
 
 
@@ -120,10 +141,12 @@ def _check_token(memory: Memory, token_hash: bytes, confirmed: bytes | None, req
         raise ConfirmationRequiredError(problem, request_id=request_id)
 
 
-def _pseudonymizer() -> Callable[[str], str]:
-    """Names kept only as pseudonyms of one request: a one-time key, discarded with it."""
+def _pseudonymizer() -> tuple[bytes, Callable[[str], str]]:
+    """Names kept only as pseudonyms of one request, under a one-time key, and the key:
+    discarded with the request, unless its certificate's absence check needs it (see
+    :attr:`ErasureRequest.scope_key`)."""
     key = secrets.token_bytes(32)
-    return lambda value: "psn:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+    return key, functools.partial(space_pseudonym, key)
 
 
 def _scope_pseudonyms(scope: SpaceFilter, pseudonym: Callable[[str], str]) -> SpaceFilter:
@@ -315,7 +338,7 @@ def erase(
     fingerprint = memory.keys.index.ref(
         "erasure-request", kind.value, canonical or "", json.dumps([scope.to_json(), asked], sort_keys=True)
     )
-    space_pseudonym = _pseudonymizer()
+    scope_key, space_pseudonym = _pseudonymizer()
     # What a failure records; a success fills in the rest.
     template = ErasureRequest(
         id=request_id,
@@ -332,6 +355,7 @@ def erase(
         error=None,
         fingerprint=fingerprint,
         users=None if scope.user_id is None else tuple(reached_users(memory, [scope.user_id])),
+        scope_key=scope_key if kind is RequestKind.SUBJECT and not scope.everywhere else None,
     )
     # Refused before the request id is looked up, so a caller without a token learns
     # nothing of the ids in use; a refusal of confirmation records no request (the
@@ -395,6 +419,8 @@ def erase(
                     request_id=request_id,
                 )
             subject_ref = None if canonical is None else memory._subject_ref(canonical)
+            if kind is RequestKind.RETENTION and not plan.total and earlier is None:
+                raise _NothingDue(plan)
             destroy = plan.destroy_keys
             pseudonym = None
             if subject_ref is not None and canonical is not None:
@@ -449,6 +475,11 @@ def erase(
                 pending_keys=tuple(doomed_keys),
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
+    except _NothingDue as nothing:
+        # A purge is the controller's own housekeeping, not a request anyone must be
+        # answered: run daily, it would bury the requests under empty ones. The call's
+        # audit entry shows it ran. (One that failed before is recorded, now done.)
+        return _as_shown(memory, ErasureResult(None, nothing.plan, nothing_due=True))
     except _Repeated:
         return _as_shown(memory, ErasureResult(settle(memory, repeated), None, repeated=True))
     except RequestIdReusedError:

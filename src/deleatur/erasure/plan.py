@@ -110,7 +110,8 @@ class ErasurePlan:
             "kept_in_other_spaces": self.kept_elsewhere,
             "derived_outside_scope": self.outside_lineage,
             "kept_restricted": self.kept_restricted,
-            "note": RESIDUE_HINT,
+            # Only a subject erasure has a subject whose residue elsewhere could be looked for.
+            "note": RESIDUE_HINT if self.subject is not None else None,
         }
 
     @classmethod

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import calendar
 import enum
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -53,6 +55,19 @@ def reached_users(memory: Memory, user_ids: Iterable[str]) -> dict[str, str]:
     return {memory._user_ref(user): user for user in user_ids}
 
 
+def space_pseudonym(key: bytes, value: str) -> str:
+    """A user, agent or run id as a request's scope keeps it: keyed by a one-time key of
+    that request (see :attr:`ErasureRequest.scope_key`)."""
+    return "psn:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+#: What the store answers to a request that matched no record: it is recorded all the
+#: same, for the controller must show it answered, and its certificate says so.
+NOTHING_HELD = "nothing was held: no record matched this request within its scope, so none was erased"
+#: What a purge answers that found no record due: it records no request (see the engine).
+NOTHING_DUE = "nothing to purge: no record is due, and no request was recorded (the audit log has the call)"
+
+
 def one_month_after(micros: int) -> int:
     """Art. 12(3): one month from receipt, the same day of the next month (or its last day)."""
     start = to_datetime(micros)
@@ -96,6 +111,13 @@ class ErasureRequest:
     #: The users the erasure reached, as blind references (see :func:`reached_users`);
     #: None for the whole tenant. Internal, like the fingerprint: not in the JSON.
     users: tuple[str, ...] | None = field(default=None, compare=False)
+    #: The one-time key of the scope's pseudonyms, kept (in the store only, never in the
+    #: JSON nor the certificate) by a subject erasure limited to some spaces: with it,
+    #: ``verify --store`` tells a live record of the subject inside the scope (a
+    #: re-insertion) from one outside it. None where the whole tenant was the scope, for
+    #: an account erasure (whose pseudonyms replace the ids in its decisions: they must
+    #: not be re-linked), and for requests recorded before the store kept it.
+    scope_key: bytes | None = field(default=None, compare=False)
 
     def beyond_scopes_hidden(self) -> ErasureRequest:
         """The request as a key scoped to some users sees it (see
@@ -149,6 +171,7 @@ class ErasureRequest:
             "pending_keys": json.dumps([k.hex() for k in self.pending_keys]),
             "fingerprint": self.fingerprint,
             "users": None if self.users is None else " ".join(self.users),
+            "scope_key": self.scope_key,
         }
 
     @classmethod
@@ -172,6 +195,7 @@ class ErasureRequest:
             pending_keys=tuple(bytes.fromhex(k) for k in json.loads(row["pending_keys"])),
             fingerprint=bytes(row["fingerprint"]),
             users=None if row["users"] is None else tuple(row["users"].split()),
+            scope_key=None if row["scope_key"] is None else bytes(row["scope_key"]),
         )
 
     def to_json(self, now: int) -> dict[str, Any]:

@@ -12,14 +12,15 @@ to the store's files. It runs these checks, in order:
                         made after it was issued, so the format is unchanged)
  3. checkpoint          the checkpoint is signed by the same key
  4. tombstones          every tombstone is this request's, and included under the checkpoint
- 5. attests_erasure     at least one record was erased, the request is complete
+ 5. attests_erasure     a tombstone for each record erased; or none, for nothing was held
  6. scope_intact        the scope statement is exactly what the certificate's facts imply
  7. pinned_checkpoint   (--expected-checkpoint) the certificate's checkpoint and the pinned
                         one are consistent, by a proof from the store's log
  8. store_identity      (--store) the store is the one the certificate was issued from
  9. store_log           (--store) the store's log still holds the tombstones and the tree
-10. store_absent        (--store) no erased id is live, no live record has the subject,
-                        and the subject's key is gone from the key store
+10. store_absent        (--store) within the erasure's scope: no erased id is live, no live
+                        record has the subject, and (if the certificate says it was destroyed)
+                        the subject's key from before the erasure is gone from the key store
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..clock import from_isoformat
 from ..crypto.keystore import REF_SIZE
 from ..errors import InvalidInputError, NotFoundError
 from ..ids import is_record_id
@@ -41,7 +43,7 @@ from ..log.report import Report
 from ..model import check_tenant
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
-from .requests import is_request_id
+from .requests import NOTHING_HELD, is_request_id, space_pseudonym
 from .scope import VERSIONS, scope_statement
 
 
@@ -199,17 +201,20 @@ def verify_certificate(
         return report
     report.add("store_identity", *_store_identity(store_id, checkpoint, store))
     report.add("store_log", *_store_log(tombstones, checkpoint, store))
-    report.add("store_absent", *_absent(store, tenant, record_ids, erasure))
+    report.add("store_absent", *_absent(store, request, erasure, record_ids, tenant=tenant, request_id=request_id))
     return report
 
 
 def _attests(body: dict[str, Any], record_ids: list[str]) -> tuple[bool, str]:
-    if not record_ids:
-        return False, "this certificate attests no erasure (zero records)"
     tombstones = body.get("tombstones")
     count = len(tombstones) if isinstance(tombstones, list) else 0
     if count != len(record_ids):
         return False, f"{len(record_ids)} record(s) erased but {count} tombstone(s) to attest them"
+    if not record_ids:
+        # A request about someone the store held nothing on must still be answered, and
+        # the answer shown: the certificate attests that answer, its statement saying
+        # that it covers nothing (scope_intact), never an erasure.
+        return True, NOTHING_HELD
     return True, f"{len(record_ids)} record(s) erased"
 
 
@@ -394,18 +399,84 @@ def _subject_ref(erasure: dict[str, Any]) -> bytes | None:
     return ref
 
 
-def _absent(store: StoreEvidence, tenant: str, record_ids: list[str], erasure: dict[str, Any]) -> tuple[bool, str]:
+_LEVELS = ("user_id", "agent_id", "run_id")
+
+
+def _request_scope(request: dict[str, Any]) -> tuple[str | None, ...]:
+    """The request's scope as its certificate states it: each level a pseudonym, or None
+    for any."""
+    scope = _field(request, "scope", dict, "certificate.request")
+    levels = []
+    for level in _LEVELS:
+        if level not in scope:
+            raise _Invalid(f"certificate.request.scope.{level} is missing")
+        value = scope[level]
+        if value is not None and not isinstance(value, str):
+            raise _Invalid(f"certificate.request.scope.{level} is neither null nor {_KINDS[str]}")
+        levels.append(value)
+    return tuple(levels)
+
+
+def _completed_at(request: dict[str, Any]) -> int:
+    try:
+        return from_isoformat(_field(request, "completed_at", str, "certificate.request"))
+    except ValueError:
+        raise _Invalid("certificate.request.completed_at is not a time") from None
+
+
+def _within(scope: tuple[str | None, ...], key: bytes, space: tuple[str, ...]) -> bool:
+    return all(want is None or want == space_pseudonym(key, have) for want, have in zip(scope, space, strict=True))
+
+
+def _absent(
+    store: StoreEvidence,
+    request: dict[str, Any],
+    erasure: dict[str, Any],
+    record_ids: list[str],
+    *,
+    tenant: str,
+    request_id: str,
+) -> tuple[bool, str]:
+    """Checked within the erasure's scope, as its certificate states it: a record of the
+    subject in a space the erasure did not reach (another user's, say) is no failure of
+    this erasure, while one inside it is, whatever its id."""
     try:
         ref = _subject_ref(erasure)
         key_destroyed = _field(erasure, "key_destroyed", bool, "certificate.erasure")
+        scope = _request_scope(request)
+        completed = _completed_at(request)
     except _Invalid as exc:
         return False, f"absence cannot be checked: {exc}"
     live = store.live_ids(tenant, record_ids)
     if live:
         return False, f"{len(live)} erased record(s) are live again, e.g. {live[0]}"
-    if ref is not None:
-        if store.live_subject_rows(tenant, ref):
-            return False, "a live record has the erased subject (re-inserted under a new id?)"
-        if key_destroyed and store.has_key(tenant, ref):
+    detail = f"none of the {len(record_ids)} erased record(s) is live"
+    if ref is None:
+        return True, detail
+    spaces = store.live_subject_spaces(tenant, ref)
+    held = sum(count for *_, count in spaces)
+    inside: int | None = None  # a request recorded before the store kept its scope's key
+    where = ""
+    if all(level is None for level in scope):
+        inside, where = held, " in the tenant"
+    elif (key := store.scope_key(tenant, request_id)) is not None:
+        inside, where = sum(n for *space, n in spaces if _within(scope, key, tuple(space))), " within its scope"
+    if inside:
+        return False, "a live record of the subject lies within the erasure's scope (re-inserted under a new id?)"
+    if inside is None and held:
+        detail += (
+            f"; {held} live record(s) of the subject could not be placed in or out of the erasure's scope"
+            " (the store keeps no key for this request's scope), so only the erased ids were checked"
+        )
+    else:
+        detail += f", nor any record of the subject{where}"
+        if held:
+            detail += f" ({held} outside it, which this erasure did not reach)"
+    if key_destroyed:
+        # A key made after the erasure is a later write's (inside the scope, its records
+        # fail above): only one from before it is the key that was to be destroyed.
+        created = store.key_created_at(tenant, ref)
+        if created is not None and created <= completed:
             return False, "the subject's data key is still in the key store"
-    return True, f"none of the {len(record_ids)} record(s) is live, nor any record of the subject"
+        detail += "; the subject's data key from before the erasure is gone"
+    return True, detail

@@ -350,7 +350,8 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
         "completed_at": None if request.completed_at is None else isoformat(request.completed_at),
         "counts": request.counts,
         "status_url": status_url,
-        "certificate_url": f"/v1/erasures/{request.id}/certificate" if request.counts.get("records") else None,
+        # A request that found nothing has one too: it says that nothing was held.
+        "certificate_url": f"/v1/erasures/{request.id}/certificate",
         **result.to_json(system_clock()),
     }
     return JSONResponse(body, status_code=202, headers={"Location": status_url})
@@ -835,6 +836,10 @@ def create_app(
         "/v1/purge",
         tags=["erasure"],
         responses={
+            200: {
+                "description": "A dry run's plan; or a purge that found nothing due, which records no request.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
             202: {
                 "description": "The purge ran: its request, as an erasure's DELETE answers.",
                 "content": {"application/json": {"schema": {"type": "object"}}},

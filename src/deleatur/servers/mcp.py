@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from .. import __version__
 from ..clock import system_clock
 from ..erasure.engine import ErasureResult
+from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Record, Space, SpaceFilter
@@ -132,12 +133,13 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
         also = f"; redacted its values from {redacted} decision snapshot(s)" if redacted else ""
         text = f"{again}Erased {records} record(s) for {what}{also}."
     text += _kept(request.counts.get("kept_in_other_spaces"))
-    if records:
-        text += (
-            f"\n  {request.counts.get('keys_destroyed', 0)} data key(s) destroyed; request {request.id} is"
-            f" {request.status.value} — get its signed certificate with erasure_certificate('{request.id}')"
-            " and check it with verify_certificate (or offline with the key from export_public_key)."
-        )
+    # A request that found nothing is recorded and certified all the same: the answer to it.
+    done = f"{request.counts.get('keys_destroyed', 0)} data key(s) destroyed" if records else NOTHING_HELD.capitalize()
+    text += (
+        f"\n  {done}; request {request.id} is {request.status.value} — get its signed certificate with"
+        f" erasure_certificate('{request.id}') and check it with verify_certificate (or offline with the key"
+        " from export_public_key)."
+    )
     return _ok(text, result.to_json(system_clock()))
 
 
@@ -538,12 +540,17 @@ def build_server(
                 issue_token=dry_run,
                 confirmation=confirmation,
             )
-            if result.request is None:
+            if result.nothing_due:
+                assert result.plan is not None
+                text = NOTHING_DUE.capitalize() + "."
+                restricted = result.plan.kept_restricted
+            elif result.request is None:
                 return _erasure(result, "the retention policy")
-            records = result.request.counts.get("records", 0)
-            age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
-            text = f"Purged {records} record(s){age} [request {result.request.id}]."
-            restricted = result.request.counts.get("kept_restricted", 0)
+            else:
+                records = result.request.counts.get("records", 0)
+                age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
+                text = f"Purged {records} record(s){age} [request {result.request.id}]."
+                restricted = result.request.counts.get("kept_restricted", 0)
             if restricted:
                 text += f" Kept {restricted} record(s) of restricted subjects (Art. 18)."
             return _ok(text, result.to_json(system_clock()))

@@ -90,15 +90,32 @@ class StoreEvidence:
             ]
         return found
 
-    def live_subject_rows(self, tenant: str, subject_ref: bytes) -> int:
-        for (value,) in self._db.execute(
-            "SELECT count(*) FROM records WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
-        ):
-            return int(value)
-        return 0
+    def live_subject_spaces(self, tenant: str, subject_ref: bytes) -> list[tuple[str, str, str, int]]:
+        """The spaces (user, agent, run) holding live records of the subject, each with how many."""
+        return [
+            (str(user), str(agent), str(run), int(count))
+            for user, agent, run, count in self._db.execute(
+                "SELECT user_id, agent_id, run_id, count(*) FROM records WHERE tenant = ? AND subject_ref = ?"
+                " GROUP BY user_id, agent_id, run_id",
+                (tenant, subject_ref),
+            )
+        ]
 
-    def has_key(self, tenant: str, subject_ref: bytes) -> bool:
-        row = self._keys.execute(
-            "SELECT 1 FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+    def scope_key(self, tenant: str, request_id: str) -> bytes | None:
+        """The one-time key of the request's scope pseudonyms, if the store kept it (see
+        ``ErasureRequest.scope_key``); None too in a store from before it kept any (v14),
+        which a read-only view does not upgrade."""
+        columns = {str(row[1]) for row in self._db.execute("PRAGMA table_info(erasure_requests)")}
+        if "scope_key" not in columns:
+            return None
+        row = self._db.execute(
+            "SELECT scope_key FROM erasure_requests WHERE tenant = ? AND id = ?", (tenant, request_id)
         ).fetchone()
-        return row is not None
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def key_created_at(self, tenant: str, subject_ref: bytes) -> int | None:
+        """When the subject's data key was made, if it has one."""
+        row = self._keys.execute(
+            "SELECT created_at FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
+        ).fetchone()
+        return None if row is None else int(row[0])

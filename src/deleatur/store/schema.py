@@ -273,6 +273,16 @@ def _v13(conn: apsw.Connection) -> None:
     ).fetchall()
 
 
+def _v14(conn: apsw.Connection) -> None:
+    """A subject erasure limited to some spaces keeps the one-time key of its scope's
+    pseudonyms, so that a certificate's absence check (``verify --store``) looks for live
+    records of the subject inside the erasure's scope only: a record of the subject in
+    another user's space is no failure of this erasure. It lets whoever holds the store's
+    files, which hold those spaces' ids in clear, tell which spaces the request named;
+    its certificate still does not. NULL: the whole tenant, or a request made before."""
+    conn.execute("ALTER TABLE erasure_requests ADD COLUMN scope_key BLOB").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -288,6 +298,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     11: _v11,
     12: _v12,
     13: _v13,
+    14: _v14,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

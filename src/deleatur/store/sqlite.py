@@ -46,6 +46,7 @@ _REQUEST_COLUMNS = (
     "pending_keys",
     "fingerprint",
     "users",
+    "scope_key",
 )
 _DECISION_COLUMNS = (
     "tenant",
