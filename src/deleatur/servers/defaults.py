@@ -11,6 +11,9 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: queue on SQLite's write lock, and its busy handler's sleeps (measured in BENCHMARKS.md).
 DEFAULT_HANDLES = 1
 
+#: The legal basis an erasure over HTTP or MCP states when its caller names none (the
+#: CLI and the library ask for one): Art. 17, the right the route or tool exercises.
+DEFAULT_BASIS = "Art. 17"
 #: Live MCP sessions one principal may hold at once: enough for an agent's clients
 #: and their reconnections, few enough that no key can take the whole server's.
 DEFAULT_SESSIONS_PER_PRINCIPAL = 16
@@ -21,6 +24,7 @@ DEFAULT_MAX_SESSIONS = 1_000
 DEFAULT_SESSION_IDLE_TIMEOUT = 600.0
 
 __all__ = [
+    "DEFAULT_BASIS",
     "DEFAULT_HANDLES",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_SESSIONS",

@@ -50,11 +50,10 @@ from .calls import (
     on_behalf,
     public_key,
 )
-from .defaults import DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
+from .defaults import DEFAULT_BASIS, DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
-DEFAULT_BASIS = "Art. 17"
 # Pauses of a request between tries for a lock another process holds: short at first,
 # since a write holds it for well under a millisecond, and at most 50 ms.
 _FIRST_PAUSE_S = 1e-3
@@ -87,7 +86,7 @@ Requester = Annotated[
     str | None,
     Query(description="On whose behalf the caller erases; recorded as '<requester> (via <caller>)'."),
 ]
-Basis = Annotated[str, Query(description="Legal basis of the erasure.")]
+Basis = Annotated[str, Query(description="Legal basis of the erasure, stated in its certificate.")]
 RequireConfirmation = Annotated[
     bool, Query(description="Refuse the erasure without a dry run's token, whoever the caller is.")
 ]

@@ -43,13 +43,12 @@ from .calls import (
     new_request_id,
     public_key,
 )
-from .defaults import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
+from .defaults import DEFAULT_BASIS, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, ResultTooLargeError, error_info
 from .pool import HandlePool
 
 Ctx = Context[Any, Any]
 F = TypeVar("F", bound=Callable[..., CallToolResult])
-DEFAULT_BASIS = "Art. 17"
 #: The most a page of list_memories (by calls.record_bytes) or an export_memory answer
 #: holds. An answer is built whole, and carries its records twice (as text and as
 #: structured content); the SDK's own client refuses one over 1 MiB.
