@@ -7,6 +7,7 @@ stable code of :mod:`.errors`. OpenAPI is at ``/openapi.json``.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -55,9 +56,9 @@ from .errors import ErrorInfo, error_info
 from .pool import HandlePool
 
 # Pauses of a request between tries for a lock another process holds: short at first,
-# since a write holds it for well under a millisecond, and at most 50 ms.
-_FIRST_PAUSE_S = 1e-3
-_MOST_PAUSE_S = 50e-3
+# since a write holds it for well under a millisecond, and at most 10 ms.
+_FIRST_PAUSE_S = 0.5e-3
+_MOST_PAUSE_S = 10e-3
 
 T = TypeVar("T")
 
@@ -503,14 +504,19 @@ def create_app(
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return _error(error_info(exc))
 
-    threaded = 0  # calls now in worker threads (or waiting for one)
-    retrying = anyio.Lock()  # held by the refused request now trying again
+    # With one handle, whoever uses it, a call in the loop or one in a thread, holds
+    # `turn`, taken in the loop in arrival order (asyncio's lock: free, it costs no
+    # await). So a call sent to a thread holds up the calls behind it only while it
+    # runs, and they go back to the loop after it: they never queue on the thread pool,
+    # where under steady load the queue never empties.
+    turn = asyncio.Lock()
+    retrying = asyncio.Lock()  # held by the refused request now trying again
 
     async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
         key: in a worker thread, or, for an ``inline`` call (one that takes no lock but
         the write lock, and reads or writes a record or two), in the event loop itself
-        when the one handle is free, which spares the thread's cost (a fifth of the
+        when there is one handle, which spares the thread's cost (a fifth of the
         throughput, BENCHMARKS.md).
 
         No call holds the handle while another process holds a lock it needs: a try
@@ -520,7 +526,6 @@ def create_app(
         the handle serves the other requests, those that need no lock included. Work that
         may wait long for other connections (finishing a dead erasure's key destruction)
         is done in a thread that waits as long as it must."""
-        nonlocal threaded
         api_key = _API_KEY.get()
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
@@ -537,28 +542,25 @@ def create_app(
                         raise
                     return _Refused(exc, attempt.patient)
 
-        async def in_thread(work: Callable[[], T | _Refused]) -> T | _Refused:
-            nonlocal threaded
-            threaded += 1
-            try:
+        async def on_handle(work: Callable[[], T | _Refused], *, in_loop: bool) -> T | _Refused:
+            if handles != 1:
                 return await anyio.to_thread.run_sync(work, limiter=workers)
-            finally:
-                threaded -= 1
+            async with turn:
+                # An export thread holds a read snapshot that a call's WAL checkpoint
+                # waits for: the loop must keep draining the export meanwhile. Nor before
+                # the handle is open: opening finishes what a crash left (keys to
+                # destroy, a -wal to truncate), which may wait for other connections.
+                if in_loop and not exports.live and pool.idle:
+                    return work()
+                return await anyio.to_thread.run_sync(work)
 
-        async def attempt() -> T | _Refused:
-            # An export thread holds a read snapshot that a call's WAL checkpoint waits
-            # for: the loop must keep draining the export meanwhile, so no inline calls.
-            # Nor before the handle is open: opening finishes what a crash left (keys to
-            # destroy, a -wal to truncate), which may wait for other connections.
-            if inline and handles == 1 and not exports.live and not threaded and pool.idle:
-                return tried()  # the one handle is free: no call is in a thread
-            return await in_thread(tried)
-
-        result = await attempt()
+        result = await on_handle(tried, in_loop=inline)
         if isinstance(result, _Refused) and not result.patient:
             # One refused request at a time tries again, so that however many wait, the
-            # loop spends at most one try's wait per pause on them. Never cancelled while
-            # a try runs: a try that went through must be answered as such.
+            # loop spends at most one try's wait per pause on them; one that waited for
+            # its turn tries at once (the one before it may just have gone through).
+            # Never cancelled while a try runs: a try that went through must be answered.
+            waited = retrying.locked()
             acquired = False
             with anyio.move_on_after(max(give_up - time.monotonic(), 0)):
                 await retrying.acquire()
@@ -567,16 +569,18 @@ def create_app(
                 try:
                     pause = _FIRST_PAUSE_S
                     while isinstance(result, _Refused) and not result.patient and time.monotonic() < give_up:
-                        await anyio.sleep(pause)
-                        pause = min(pause * 2, _MOST_PAUSE_S)
-                        result = await attempt()
+                        if not waited:
+                            await anyio.sleep(pause)
+                            pause = min(pause * 2, _MOST_PAUSE_S)
+                        waited = False
+                        result = await on_handle(tried, in_loop=inline)
                 finally:
                     retrying.release()
         if not isinstance(result, _Refused):
             return result
         if not result.patient:
             raise result.error  # the lock stayed held past the busy timeout
-        done = await in_thread(run)
+        done = await on_handle(run, in_loop=False)
         assert not isinstance(done, _Refused)
         return done
 

@@ -64,10 +64,11 @@ def _stopped(_signum: int, _frame: FrameType | None) -> NoReturn:
     raise _Stopped
 
 
-def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, loop: str) -> int:
+def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) -> int:
     try:
+        # "auto": uvloop and httptools, both dependencies.
         config = uvicorn.Config(
-            build(), log_level=log_level, lifespan="on", loop=loop, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+            build(), log_level=log_level, lifespan="on", loop="auto", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
         )
         uvicorn.Server(config).run(sockets=[sock])
     except (KeyboardInterrupt, _Stopped):
@@ -100,7 +101,7 @@ def _child(
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _end_with(parent)
-        status = _serve(build, sock, log_level, "auto")
+        status = _serve(build, sock, log_level)
     finally:
         os._exit(status)
 
@@ -139,11 +140,11 @@ def run_workers(
     if workers < 1:
         raise ValueError("a server needs at least one worker")
     if workers == 1:
-        # One worker runs every call in its event loop, one after another. There,
-        # uvloop served some connections long after others (p99 0.4-0.9 s against
-        # 0.1-0.15 s on asyncio's loop, under wrk; BENCHMARKS.md): fairness is worth
-        # the 15-20 % more requests/s it gave. Forked workers keep uvloop: there its
-        # p99 matched asyncio's, at 1.5-1.8 times asyncio's requests/s.
+        # On uvloop, as forked workers: on asyncio's loop every response of a worker under
+        # wrk took 44 ms at the median, a stall of the loop's, not of the work, at 700
+        # requests/s where uvloop served 1,050-1,250 with a lower p99 (BENCHMARKS.md).
+        # (When calls waited for locks in the loop, uvloop had served some connections
+        # far later than others; since calls no longer wait there, it does not.)
         # A SIGTERM stops it as cleanly as Ctrl-C, with status 0 as several workers give.
         handler = signal.signal(signal.SIGTERM, _stopped)
         try:
@@ -151,7 +152,7 @@ def run_workers(
                 started()
             except _Stopped:
                 return 0  # stopped before serving a request
-            return _serve(build, sock, log_level, "asyncio")
+            return _serve(build, sock, log_level)
         finally:
             signal.signal(signal.SIGTERM, handler)
     live: dict[int, int] = {}  # pid: worker number, from 1
