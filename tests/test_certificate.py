@@ -14,10 +14,10 @@ from typing import Any
 import apsw
 import pytest
 
-from deleatur import Memory, NewMemory, Space, SpaceFilter, from_bytes
+from deleatur import DeleaturError, Memory, NewMemory, Space, SpaceFilter, from_bytes
 from deleatur.erasure import certificate as certificate_module
 from deleatur.erasure.certificate import signed_message
-from deleatur.erasure.requests import NOTHING_HELD
+from deleatur.erasure.requests import NOTHING_HELD, space_pseudonym
 from deleatur.erasure.scope import scope_statement
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry
@@ -25,7 +25,7 @@ from deleatur.log.note import Note, Signer
 from deleatur.log.report import Report
 from deleatur.store.evidence import StoreEvidence
 
-from .conftest import MASTER, FakeClock
+from .conftest import MASTER, FakeClock, store_files
 
 BASIS = "Art. 17(1)(a)"
 
@@ -269,6 +269,34 @@ def test_a_limited_erasure_recorded_before_the_store_kept_its_scope_key(
         (record.id,),
     )
     assert _verify(memory, cert, evidence) == ["store_absent"]
+
+
+def test_an_account_erasure_drops_the_scope_keys_that_would_confirm_its_user_id(
+    memory: Memory, store_path: Path, evidence: StoreEvidence
+) -> None:
+    """A limited erasure keeps its scope key beside its scope's pseudonyms; once the
+    user's account is erased, key and pseudonym together would confirm a guessed id
+    from the files alone: the key goes with the account. A failed request keeps none."""
+    user = "bob@example.com"
+    memory.remember("n1", subject="N", space=Space(user))
+    memory.remember("n2", subject="N", space=Space("u2"))
+    memory.remember("m1", subject="M", space=Space(user))
+    memory.remember("m2", subject="M", space=Space(user))  # "m" then matches two spellings
+    memory.remember("m3", subject="m", space=Space(user))
+    memory.erase("N", request_id="S1", basis=BASIS, requester="dpo", scope=SpaceFilter(user))
+    with pytest.raises(DeleaturError):
+        memory.erase("m", request_id="F1", basis=BASIS, requester="dpo", scope=SpaceFilter(user))
+    conn = apsw.Connection(str(store_path))
+    keys: dict[str, Any] = {str(i): k for i, k in conn.execute("SELECT id, scope_key FROM erasure_requests")}
+    assert keys["S1"] is not None and keys["F1"] is None
+    memory.erase_all(user_id=user, request_id="ACC1", basis=BASIS, requester="dpo")
+    assert conn.execute("SELECT count(*) FROM erasure_requests WHERE scope_key IS NOT NULL").fetchall() == [(0,)]
+    conn.close()
+    files = b"".join(p.read_bytes() for p in store_files(store_path))
+    assert space_pseudonym(bytes(keys["S1"]), user).encode() in files  # the scope's pseudonym stays,
+    assert bytes(keys["S1"]) not in files and user.encode() not in files  # but no key to test a guess
+    report = verify_certificate(memory.certificate("S1"), store=evidence)
+    assert report.ok, report.lines()
 
 
 def test_erased_record_reinserted_under_a_new_id_fails(

@@ -355,7 +355,6 @@ def erase(
         error=None,
         fingerprint=fingerprint,
         users=None if scope.user_id is None else tuple(reached_users(memory, [scope.user_id])),
-        scope_key=scope_key if kind is RequestKind.SUBJECT and not scope.everywhere else None,
     )
     # Refused before the request id is looked up, so a caller without a token learns
     # nothing of the ids in use; a refusal of confirmation records no request (the
@@ -444,6 +443,7 @@ def erase(
                 moved = pseudonymize_spaces(memory, scope, space_pseudonym, events, request_id=request_id, now=now)
                 if scope.user_id is not None and scope.agent_id is None and scope.run_id is None:
                     rescoped = rescope_erased_user(memory, scope.user_id)
+                memory.backend.forget_scope_keys(memory.tenant, template.users or ())
             first = memory.backend.log_size() + len(events)
             fields = {"request": request_id, "basis": basis, "tenant": memory.tenant}
             events.extend((Entry(EventType.TOMBSTONE, now, {"record": rid, **fields}), None) for rid in plan.ids)
@@ -473,6 +473,8 @@ def erase(
                 record_ids=tuple(plan.ids),
                 tombstones=tuple(range(first, first + plan.total)),
                 pending_keys=tuple(doomed_keys),
+                # Only a request that ran: a failed one has no certificate to check.
+                scope_key=scope_key if kind is RequestKind.SUBJECT and not scope.everywhere else None,
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
     except _NothingDue as nothing:
