@@ -455,6 +455,47 @@ def test_a_long_verification_holds_up_no_other_request(tmp_path: Path, monkeypat
         assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
 
 
+def test_writers_waiting_for_a_lock_held_elsewhere_stall_the_loop_no_longer_for_more_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a refused request tries again, later ones queue behind it instead of each
+    trying in the loop first: the loop's stalls stay one try's wait, however many wait."""
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    writers = 60
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        http.get("/v1/memories")  # the handle is open
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        answers: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda i=i: answers.append(
+                    http.post("/v1/memories", json={"text": f"w{i}", "subject": "a"}).status_code
+                )
+            )
+            for i in range(writers)
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            slowest = 0.0
+            for _ in range(10):  # probes of a route that never touches the store
+                start = time.monotonic()
+                assert http.get("/openapi.json").status_code == 200
+                slowest = max(slowest, time.monotonic() - start)
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert sorted(answers) == [201] * writers
+        assert slowest < 0.3, f"the loop stalled {slowest:.2f} s with {writers} writers waiting"
+    holder.close()
+
+
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

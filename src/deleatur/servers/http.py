@@ -554,7 +554,16 @@ def create_app(
                     return work()
                 return await anyio.to_thread.run_sync(work)
 
-        result = await on_handle(tried, in_loop=inline)
+        if inline and retrying.locked():
+            # A refused request is waiting for a lock held elsewhere: a try in the loop
+            # would stall it up to FIRST_TRY_WAIT_MS for every request arriving, so this
+            # one queues behind that one instead, and tries when its turn comes.
+            result: T | _Refused = _Refused(
+                StoreBusyError("another process holds the store's write lock; nothing was changed: try again"),
+                patient=False,
+            )
+        else:
+            result = await on_handle(tried, in_loop=inline)
         if isinstance(result, _Refused) and not result.patient:
             # One refused request at a time tries again, so that however many wait, the
             # loop spends at most one try's wait per pause on them; one that waited for
