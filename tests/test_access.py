@@ -226,6 +226,7 @@ def test_the_table_covers_every_guarded_method() -> None:
     # audit pruning (the operator only: test_audit.py).
     twins = {
         "remember_many", "export_csv", "revoke_principal", "residue", "prove", "consistency_request", "rotation_proof",
+        "sign_pending",
         "add_cosignatures", "new_signing_key", "rotate_signing_key", "prune_audit",
     }  # fmt: skip
     assert guarded == exercised | twins

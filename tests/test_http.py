@@ -42,6 +42,7 @@ from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
 from deleatur.store.evidence import StoreEvidence
 
+from .conftest import MASTER
 from .serving import api_key, new_store, paged_by_bytes, serving
 
 Keys = dict[Role, str]
@@ -494,6 +495,35 @@ def test_writers_waiting_for_a_lock_held_elsewhere_stall_the_loop_no_longer_for_
         assert sorted(answers) == [201] * writers
         assert slowest < 0.3, f"the loop stalled {slowest:.2f} s with {writers} writers waiting"
     holder.close()
+
+
+def test_a_tail_no_checkpoint_covers_still_fails_the_servers_verification(tmp_path: Path) -> None:
+    """The server signs what it appended before it verifies on a handle of its own, and
+    nothing else: a tail another process left unsigned (it died within its checkpoint
+    interval) fails the coverage check, as on the store's own handle."""
+    import subprocess
+    import sys
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    script = (
+        "import os, sys\n"
+        "from deleatur import Memory, from_bytes\n"
+        "m = Memory.open(sys.argv[1], from_bytes(bytes.fromhex(sys.argv[2])), checkpoint_interval_us=10**15)\n"
+        "m.remember('signed at open', subject='a')\n"
+        "m.remember('never signed', subject='a')\n"
+        "os._exit(0)\n"
+    )
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        assert http.get("/v1/log/verify").json()["verdict"] == "PASS"
+        for route in ("/v1/log/verify", "/v1/audit/verify"):
+            # A new tail for each: the next checkpoint any handle signs covers a tail
+            # (the verification's own handle signs one as it closes, as every handle does).
+            subprocess.run([sys.executable, "-c", script, str(tmp_path / "mem.db"), MASTER.hex()], check=True)
+            report = http.get(route).json()
+            failed = [c["name"] for c in report["checks"] if not c["passed"]]
+            assert report["verdict"] == "FAIL" and failed, report
+            assert any("covers" in c["detail"] for c in report["checks"] if not c["passed"])
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(

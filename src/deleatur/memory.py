@@ -821,6 +821,24 @@ class Memory:
             f" (the latest is of size {candidates[0][0]}); if the witness cosigned an older one, give its size"
         )
 
+    @guarded("log.sign", V, audit=False)
+    def sign_pending(self) -> None:
+        """Sign the entries this handle appended within the checkpoint interval, as
+        ``close()`` would, and no other: a tail no checkpoint covers that another
+        connection left (a crash's, or an intruder's) stays for verification to find."""
+        self._sign_pending()
+
+    def _sign_pending(self) -> None:
+        if self._shared.unsigned and self.log.signer is not None:
+            with self.backend.atomic():
+                self.log.checkpoint()
+            self._shared.unsigned = False
+
+    def read_snapshot(self) -> AbstractContextManager[None]:
+        """Calls in the block that only read see the store as it was when the block began
+        (a server verifies the log as of a moment its own handle had signed all it wrote)."""
+        return self.backend.snapshot()
+
     @guarded("log.verify", V, audit=False)
     def verify_log(
         self,
@@ -851,10 +869,8 @@ class Memory:
             check_int(size, "size", low=0)
             if self.backend.checkpoint(size) is None:
                 raise NotFoundError(f"no stored checkpoint of size {size}")
-        elif self._shared.unsigned and self.log.signer is not None:
-            with self.backend.atomic():
-                self.log.checkpoint()
-            self._shared.unsigned = False
+        else:
+            self._sign_pending()
 
         def level(height: int) -> Iterator[tuple[int, bytes]]:
             # The stored subtrees wholly within the first ``size`` entries.

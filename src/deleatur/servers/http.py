@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -33,7 +33,6 @@ from .. import __version__, sqlitefile
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
-from ..log.checkpoint import Checkpoint
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
@@ -72,7 +71,7 @@ VerifiedSize = Annotated[
         ge=0,
         le=2**62,
         description="Verify the log as its stored checkpoint of this tree size left it."
-        " Without it, the server signs what it appended and verifies as of that checkpoint.",
+        " Without it, the server signs what it appended itself and verifies the log as it is then.",
     ),
 ]
 Idempotency = Annotated[
@@ -593,24 +592,44 @@ def create_app(
         assert not isinstance(done, _Refused)
         return done
 
-    verifying = anyio.CapacityLimiter(1)
+    verifying = asyncio.Lock()  # one whole-log verification at a time
 
-    async def verified(verify: Callable[[Memory, int], Report], size: int | None) -> dict[str, object]:
+    async def verified(verify: Callable[[Memory, int | None], Report], size: int | None) -> dict[str, object]:
         """A whole-log verification, seconds of reading on a large log: on a handle of
         its own in a thread, one at a time, so the shared handle serves every other
-        request meanwhile (a verification on it held up every tenant's calls). The shared
-        handle first signs what it appended (it alone knows those entries for its own,
-        not a cut log's tail), and the verification is of the log as of that checkpoint."""
+        request meanwhile (a verification on it held up every tenant's calls).
+
+        Without ``size``, the shared handle first signs the entries it appended itself
+        (it alone knows them for its own, not a crash's or an intruder's tail), and the
+        verification reads the log as it was at that moment: its read snapshot begins
+        before the shared handle appends anything more, so every entry it sees that no
+        checkpoint covers fails the coverage check, as on the shared handle before."""
         api_key = _API_KEY.get()
-        if size is None:
-            size = Checkpoint.parse((await serve(lambda m: m.checkpoint())).text).size
 
-        def run() -> Report:
-            assert size is not None
-            with open_memory() as memory:
-                return verify(as_caller(memory, api_key), size)
+        def opened() -> tuple[Memory, ExitStack]:
+            stack = ExitStack()
+            memory = stack.enter_context(open_memory())
+            try:
+                view = as_caller(memory, api_key)
+                stack.enter_context(memory.read_snapshot())
+            except BaseException:
+                stack.close()
+                raise
+            return view, stack
 
-        return (await anyio.to_thread.run_sync(run, limiter=verifying)).to_json()
+        async with verifying:
+            if size is None:
+                await serve(lambda m: m.sign_pending())
+                async with turn:  # the shared handle appends nothing until the snapshot began
+                    view, stack = await anyio.to_thread.run_sync(opened)
+            else:
+                view, stack = await anyio.to_thread.run_sync(opened)
+
+            def run() -> Report:
+                with stack:
+                    return verify(view, size)
+
+            return (await anyio.to_thread.run_sync(run)).to_json()
 
     # -- memories --------------------------------------------------------------------
 

@@ -78,6 +78,11 @@ class Backend(Protocol):
         """One write transaction; everything inside commits together or not at all."""
         ...
 
+    def snapshot(self) -> AbstractContextManager[None]:
+        """One read transaction: reads inside see the store as it was when it began
+        (which it does on entry), whatever other connections commit meanwhile."""
+        ...
+
     def deferred_index(self) -> AbstractContextManager[None]:
         """Inside ``atomic``: the index writes of ``insert_many`` and ``unindex`` are made
         together when it exits (not at all if it raises); the index is not read meanwhile."""

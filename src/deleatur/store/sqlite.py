@@ -190,6 +190,15 @@ class SQLiteBackend:
         return immediate(self._conn)
 
     @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        self._conn.execute("BEGIN").fetchall()
+        try:
+            self._conn.execute("SELECT count(*) FROM log_entries").fetchall()  # the snapshot begins here
+            yield
+        finally:
+            self._conn.execute("ROLLBACK").fetchall()
+
+    @contextmanager
     def deferred_index(self) -> Iterator[None]:
         """Inside ``atomic``: hold the index writes back, then make them all at the end,
         deletions first, each kind in rowid order; a row both added and removed meanwhile
