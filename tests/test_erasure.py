@@ -627,7 +627,7 @@ def test_an_erasure_does_not_count_the_keys_another_is_destroying(
 def test_a_wal_left_untruncated_is_truncated_by_the_next_status_read(
     memory: Memory, family: dict[str, str], store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(memory.backend, "scrub", lambda wait=True: False)  # a reader holds a snapshot
+    monkeypatch.setattr(memory.backend, "scrub", lambda wait=True, settled=True: False)  # a reader holds a snapshot
     done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
     assert done.counts["wal_not_truncated"] == 1
     monkeypatch.undo()

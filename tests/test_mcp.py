@@ -426,6 +426,8 @@ async def _misspelt(session: ClientSession) -> None:
     assert typo.structured_content == {"error": {"code": "invalid_request", "message": said}}
     both = await session.call_tool("recall", {"query": "phone", "limit": "many", "agent": "x"})
     assert _text(both) == "Error (invalid_request): recall: unknown argument(s): agent; invalid argument(s): limit"
+    missing = await session.call_tool("delete_all", {})  # an account erasure names its account
+    assert _text(missing) == "Error (invalid_request): delete_all: missing argument(s): user_id"
     for user in ("default", "a", "alice"):
         assert (await _data(session, "list_memories", user_id=user))["count"] == 0
 

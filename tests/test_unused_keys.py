@@ -238,3 +238,28 @@ def test_writers_racing_collections_and_a_crash_lose_nothing(store_path: Path) -
         assert not _has_key(memory, "crash orphan")
         assert _marks(memory) == 0
         assert memory.backend.collecting_keys() == []
+
+
+def test_a_reader_of_the_key_store_cannot_keep_a_collected_key_in_its_wal(store_path: Path) -> None:
+    """Unused keys are destroyed without waiting for readers of the key store: one that
+    holds a snapshot keeps the key's bytes in the -wal, and the store stays marked until
+    a later open (or scrub) truncates it."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("Bob's note", subject="Bob")
+    before = _key_rows(Path(f"{store_path}.keys"))
+    assert _killed_writing(store_path, "Zed Orphan").returncode == -signal.SIGKILL
+    (wrapped,) = [w for k, w in _key_rows(Path(f"{store_path}.keys")).items() if k not in before]
+    reader = apsw.Connection(f"{store_path}.keys", flags=apsw.SQLITE_OPEN_READONLY)
+    reader.execute("BEGIN").fetchall()
+    reader.execute("SELECT count(*) FROM data_keys").fetchall()  # a snapshot from before the collection
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert not _has_key(memory, "zed orphan")
+        assert memory.backend.scrub_pending()
+    assert wrapped in b"".join(p.read_bytes() for p in store_files(store_path))  # held by the reader
+    reader.execute("ROLLBACK").fetchall()
+    reader.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert not memory.backend.scrub_pending()
+    for path in store_files(store_path):
+        assert wrapped not in path.read_bytes(), path

@@ -495,8 +495,8 @@ class Memory:
     def _scrub(self, *, wait: bool = True) -> bool:
         """Truncate the -wal of the database and of the key store, as an erasure must:
         False if a reader kept either from being truncated."""
-        database = self.backend.scrub(wait=wait)
-        return self.keys.scrub(wait=wait) and database
+        keys = self.keys.scrub(wait=wait)
+        return self.backend.scrub(wait=wait, settled=keys) and keys
 
     def _user_token(self, user_id: str) -> str:
         ref = erased_ref(user_id)

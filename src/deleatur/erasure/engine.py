@@ -273,6 +273,9 @@ def collect_unused_keys(memory: Memory, candidates: Iterable[bytes] | None = Non
             doomed = [k for k in unused if k not in pending and k not in now_used]
             if doomed:
                 backend.set_collecting_keys([*listed, *doomed])
+                # Destroyed without waiting for a reader of the key store, whose -wal may
+                # then keep the keys: the mark has a later scrub (or open) truncate it.
+                backend.scrub_after_commit()
         keys.unmark(now_used)
         if listed or doomed:
             destroy = {*listed, *doomed}

@@ -207,9 +207,10 @@ class _Server(MCPServer[Any]):
         except ToolError as exc:
             if not isinstance(exc.__cause__, ValidationError):
                 raise
-            problems: dict[str, set[str]] = {"unknown": set(), "invalid": set()}
+            problems: dict[str, set[str]] = {"missing": set(), "unknown": set(), "invalid": set()}
+            kinds = {"missing": "missing", "extra_forbidden": "unknown"}
             for error in exc.__cause__.errors():
-                kind = "unknown" if error["type"] == "extra_forbidden" else "invalid"
+                kind = kinds.get(error["type"], "invalid")
                 # The argument alone: past it the location names union members
                 # (expires_at.int, expires_at.str) or list positions, not arguments.
                 problems[kind].add(str(error["loc"][0]) if error["loc"] else "arguments")

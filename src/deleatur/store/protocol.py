@@ -308,10 +308,12 @@ class Backend(Protocol):
         """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
-    def scrub(self, *, wait: bool = True) -> bool:
+    def scrub(self, *, wait: bool = True, settled: bool = True) -> bool:
         """After a purge commits: leave no removed bytes in journals or free pages.
         False if other connections' read snapshots kept the -wal from being truncated
-        (waiting for them up to the busy timeout, or not at all without ``wait``)."""
+        (waiting for them up to the busy timeout, or not at all without ``wait``).
+        ``settled``: whether the rest of the store (the key store's -wal) is clean too;
+        only then does a clean scrub clear :meth:`scrub_after_commit`'s mark."""
         ...
 
     def scrub_after_commit(self) -> None:

@@ -918,9 +918,9 @@ class SQLiteBackend:
     def scrub_pending(self) -> bool:
         return self._conn.execute("SELECT 1 FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone() is not None
 
-    def scrub(self, *, wait: bool = True) -> bool:
+    def scrub(self, *, wait: bool = True, settled: bool = True) -> bool:
         clean = scrub(self._conn, wait=wait)
-        if clean and self.scrub_pending():
+        if clean and settled and self.scrub_pending():
             self._conn.execute("DELETE FROM meta WHERE k = ?", (_SCRUB_PENDING,))
             # The -wal holds only that change now: truncating it again leaves it empty, as a
             # scrub promises; if a reader arrived meanwhile, what stays is no removed data.
