@@ -268,11 +268,8 @@ def test_an_agents_erasure_limited_to_its_user_verifies_against_the_store(tmp_pa
             )
             assert (erased.status_code, erased.json()["counts"]["records"]) == (202, records)
             certificate = http.get(erased.json()["certificate_url"]).json()
-            evidence = StoreEvidence(path)
-            try:
+            with StoreEvidence(path) as evidence:
                 report = verify_certificate(certificate, store=evidence)
-            finally:
-                evidence.close()
             assert report.ok, report.lines()
 
 

@@ -424,11 +424,8 @@ def test_a_limited_erasure_from_before_v14_still_verifies_against_its_store(stor
         if upgraded:
             Memory.open(store_path, from_bytes(MASTER)).close()
         assert _version(store_path) == (14 if upgraded else 13)
-        evidence = StoreEvidence(store_path)
-        try:
+        with StoreEvidence(store_path) as evidence:
             report = verify_certificate(cert, store=evidence)
-        finally:
-            evidence.close()
         assert report.ok, report.lines()
         assert "could not be placed in or out of the erasure's scope" in report.checks[-1].detail
     with Memory.open(store_path, from_bytes(MASTER)) as memory:

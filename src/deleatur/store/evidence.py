@@ -43,6 +43,12 @@ class StoreEvidence:
         self._db.close()
         self._keys.close()
 
+    def __enter__(self) -> StoreEvidence:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def log_size(self) -> int:
         for (value,) in self._db.execute("SELECT coalesce(max(idx) + 1, 0) FROM log_entries"):
             return int(value)
