@@ -123,9 +123,17 @@ OPS = [
     Spec("explain a decision", (R,), "u1", lambda m, w: m.explain_decision(w.ids["decision"], space=U1)),
 ]
 EXTRA_NEEDS = {"rectify, erasing the old value": D}
-# A request's status names its requester: a scoped key reads only those in its scopes,
-# verify or not (a certificate, content-free, it may verify across the tenant).
-STRICTLY_SCOPED = {"erasure status", "erasure status in one user", "erasure status in another user"}
+# A request's status names its requester, and its certificate the subject's pseudonym,
+# which a dry run of a guessed name in a key's own scope would match: a scoped key reads
+# only those in its scopes, verify or not.
+STRICTLY_SCOPED = {
+    "erasure status",
+    "erasure status in one user",
+    "erasure status in another user",
+    "certificate",
+    "certificate in one user",
+    "certificate in another user",
+}
 # A scoped key lists its own: those within its scopes.
 OWN_SCOPES = {"erasure requests"}
 
@@ -654,3 +662,18 @@ def test_a_principal_named_before_names_were_one_line_still_acts_through_the_ser
     assert [r.actor for r in memory.restrictions()] == ["ops team"]
     erased = view.erase("Alice", request_id="E-LEGACY", basis=BASIS, requester=on_behalf(view, "Alice", "requester"))
     assert erased.request is not None and erased.request.requester == "Alice (via ops team)"
+
+
+def test_a_scoped_verifier_is_refused_alike_a_certificate_beyond_its_scopes_and_none(memory: Memory) -> None:
+    """Its own certificates it reads; another user's, and an id naming no request, are
+    refused with the same error: no oracle of the ids in use, and no certificate whose
+    subject pseudonym a dry run of a guessed name in its own scope would match."""
+    _world(memory)
+    view = memory.as_principal(memory.create_principal("member u1", Role.MEMBER, scopes=["u1"])[0])
+    assert view.certificate("E-U1")["certificate"]["request"]["id"] == "E-U1"
+    refusals = []
+    for request_id in ("E-U2", "E-0", "NO-SUCH-REQUEST"):
+        with pytest.raises(AccessDeniedError) as refused:
+            view.certificate(request_id)
+        refusals.append((refused.value.missing, refused.value.message.split(" may not ")[1]))
+    assert len(set(refusals)) == 1, refusals

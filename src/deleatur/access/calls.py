@@ -77,13 +77,21 @@ def enter(
 def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
     """An erasure request's status and certificate reach the users its erasure reached,
     so a key scoped to them can follow its own erasures. A request that reaches anyone
-    else, or none that exists, reaches the whole tenant as far as a scoped key can tell,
-    so it cannot probe which requests exist beyond its scopes."""
+    else, or none that exists, reaches a user no scope covers: a scoped key is refused
+    alike either way, so it cannot probe which requests exist beyond its scopes, and,
+    verifier or not, reads no certificate of theirs (whose subject pseudonym a dry run
+    of a guessed name in its own scope would match)."""
     request_id = args[0] if args else kwargs.get("request_id")
     if memory.principal.scopes is None or not is_request_id(request_id):
         return None
     row = memory.backend.get_request(memory.tenant, request_id)
-    return None if row is None else within_scopes(memory, ErasureRequest.from_row(row))
+    reached = None if row is None else within_scopes(memory, ErasureRequest.from_row(row))
+    return (_BEYOND_SCOPES,) if reached is None else reached
+
+
+#: The user a request beyond a scoped key's scopes reaches, as far as that key can tell:
+#: no user id has a control character, so no scope covers it.
+_BEYOND_SCOPES = "\x00beyond the key's scopes"
 
 
 def name_request_users(memory: Memory, request: ErasureRequest) -> None:
