@@ -523,6 +523,38 @@ def test_a_tail_no_checkpoint_covers_still_fails_the_servers_verification(tmp_pa
             assert any("covers" in c["detail"] for c in report["checks"] if not c["passed"])
 
 
+def test_verifications_beside_busy_writers_pass(tmp_path: Path) -> None:
+    """Writes arriving while the log is verified leave entries the server has not signed
+    yet: the verification reads the log as it was when the server's handle had signed
+    everything it wrote, so they never fail its coverage check."""
+    opener = new_store(tmp_path / "mem.db")
+    writer = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    stop = threading.Event()
+    with serving(create_app(opener)) as url:
+
+        def write() -> None:
+            with httpx.Client(base_url=url, headers=writer, timeout=30) as http:
+                while not stop.is_set():
+                    assert http.post("/v1/memories", json={"text": "busy", "subject": "a"}).status_code == 201
+
+        writers = [threading.Thread(target=write) for _ in range(4)]
+        for thread in writers:
+            thread.start()
+        try:
+            with httpx.Client(base_url=url, headers=auditor, timeout=30) as http:
+                verdicts = [
+                    http.get(route).json()["verdict"]
+                    for _ in range(5)
+                    for route in ("/v1/log/verify", "/v1/audit/verify")
+                ]
+        finally:
+            stop.set()
+            for thread in writers:
+                thread.join(timeout=30)
+    assert verdicts == ["PASS"] * 10
+
+
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -606,30 +606,39 @@ def create_app(
         checkpoint covers fails the coverage check, as on the shared handle before."""
         api_key = _API_KEY.get()
 
-        def opened() -> tuple[Memory, ExitStack]:
+        def opened() -> tuple[Memory, Memory, ExitStack]:
             stack = ExitStack()
             memory = stack.enter_context(open_memory())
             try:
                 view = as_caller(memory, api_key)
-                stack.enter_context(memory.read_snapshot())
             except BaseException:
                 stack.close()
                 raise
-            return view, stack
+            return memory, view, stack
+
+        def signed_then_begun(memory: Memory, stack: ExitStack) -> None:
+            # Under `turn`: no call of the shared handle runs between its signing and the
+            # snapshot's start, so every entry the snapshot holds is signed or foreign.
+            with pool.lease() as shared:
+                as_caller(shared, api_key).sign_pending()
+            stack.enter_context(memory.read_snapshot())
 
         async with verifying:
-            if size is None:
-                await serve(lambda m: m.sign_pending())
-                async with turn:  # the shared handle appends nothing until the snapshot began
-                    view, stack = await anyio.to_thread.run_sync(opened)
-            else:
-                view, stack = await anyio.to_thread.run_sync(opened)
-
-            def run() -> Report:
-                with stack:
-                    return verify(view, size)
-
-            return (await anyio.to_thread.run_sync(run)).to_json()
+            # Opened first, without `turn`: opening may finish a crash's work and wait.
+            memory, view, stack = await anyio.to_thread.run_sync(opened)
+            try:
+                if size is None and handles == 1:
+                    async with turn:
+                        await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
+                elif size is None:
+                    await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
+                else:
+                    stack.enter_context(memory.read_snapshot())
+                report = await anyio.to_thread.run_sync(verify, view, size)
+            finally:
+                # In a thread: closing signs a checkpoint, which may wait for the lock.
+                await anyio.to_thread.run_sync(stack.close)
+            return report.to_json()
 
     # -- memories --------------------------------------------------------------------
 
