@@ -36,6 +36,7 @@ from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.erasure.verify import verify_certificate
+from deleatur.log.note import Note
 from deleatur.model import Space, SpaceFilter
 from deleatur.servers.calls import MAX_EXPORTS
 from deleatur.servers.errors import ERROR_CODES
@@ -521,6 +522,24 @@ def test_a_tail_no_checkpoint_covers_still_fails_the_servers_verification(tmp_pa
             failed = [c["name"] for c in report["checks"] if not c["passed"]]
             assert report["verdict"] == "FAIL" and failed, report
             assert any("covers" in c["detail"] for c in report["checks"] if not c["passed"])
+
+
+def test_a_key_that_may_not_verify_is_refused_a_verification_as_of_a_size(tmp_path: Path) -> None:
+    """The refusal is a 403, audited, with or without a size (it was a 500 with one:
+    its audit entry could not be written inside the verification's read snapshot)."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.VIEWER)}"}
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        size = Checkpoint.parse(Note.parse(http.get("/v1/checkpoint").json()["checkpoint"]).text).size
+        for route in ("/v1/log/verify", "/v1/audit/verify"):
+            for params in ({}, {"size": size}):
+                refused = http.get(route, params=params)
+                assert (refused.status_code, refused.json()["error"]["code"]) == (403, "access_denied"), params
+    with opener() as memory:
+        denied = [
+            e.entry.fields for e in memory.audit_entries(calls_only=True) if e.entry.fields["outcome"] == "denied"
+        ]
+    assert len(denied) == 4
 
 
 def test_verifications_beside_busy_writers_pass(tmp_path: Path) -> None:

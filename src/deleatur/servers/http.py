@@ -627,17 +627,19 @@ def create_app(
             # Opened first, without `turn`: opening may finish a crash's work and wait.
             memory, view, stack = await anyio.to_thread.run_sync(opened)
             try:
-                if size is None and handles == 1:
+                # With a size too: signing is the guarded call that refuses (and audits) a
+                # caller that may not verify, which inside the snapshot could not be audited.
+                if handles == 1:
                     async with turn:
                         await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
-                elif size is None:
-                    await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
                 else:
-                    stack.enter_context(memory.read_snapshot())
+                    await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
                 report = await anyio.to_thread.run_sync(verify, view, size)
             finally:
-                # In a thread: closing signs a checkpoint, which may wait for the lock.
-                await anyio.to_thread.run_sync(stack.close)
+                # In a thread (closing signs a checkpoint, which may wait for the lock), and
+                # even if the request is cancelled: an open snapshot holds off every scrub.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(stack.close)
             return report.to_json()
 
     # -- memories --------------------------------------------------------------------
