@@ -354,6 +354,18 @@ def test_text_is_refused_with_control_characters_and_old_ones_are_shown_not_run(
     assert json.loads(out)[0]["text"] == "old\x1b]0;owned\x07 text"  # JSON carries it escaped, intact
 
 
+def test_bidirectional_formatting_is_shown_as_codes(cli: Cli) -> None:
+    """A right-to-left override in a subject or text would show it in another order
+    than it is stored, so one subject could pass for another in a listing."""
+    assert cli("init")[0] == 0
+    assert cli("remember", "pay \u202eevil\u202c now", "-s", "Ann\u202eeve")[0] == 0
+    code, out, _ = cli("list")
+    assert code == 0 and "\u202e" not in out and "\u202c" not in out
+    assert "Ann\\u202eeve" in out and "pay \\u202eevil\\u202c now" in out
+    code, out, _ = cli("list", "--json")
+    assert json.loads(out)[0]["text"] == "pay \u202eevil\u202c now"  # stored as given
+
+
 def test_audit_show_keeps_an_older_multi_line_actor_on_its_entrys_line(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,14 +114,17 @@ LegalClaimOpt = Annotated[
 ]
 
 
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CONTROLS_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Control characters, and the bidirectional formatting ones, which make a terminal show
+# text in another order than it is stored ("Trojan Source"): a subject could pass for another.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")
+_CONTROLS_BUT_LINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
 
 
 def visible(text: str, *, lines: bool = False) -> str:
-    """Stored text as the terminal should show it: control characters as their codes
-    (a record from before text refused them may hold an escape sequence, and an actor
-    from before actors were one line a line break), never run; tabs and line breaks
+    """Stored text as the terminal should show it: control and bidirectional formatting
+    characters as their codes (a record from before text refused them may hold an escape
+    sequence, and an actor from before actors were one line a line break), never run; tabs and line breaks
     kept only where the output has room for them (``lines``)."""
     return (_CONTROLS_BUT_LINES if lines else _CONTROLS).sub(lambda m: repr(m.group())[1:-1], text)
 
