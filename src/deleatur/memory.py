@@ -852,9 +852,8 @@ class Memory:
         Entries this process appended within the checkpoint interval are signed first,
         as ``close()`` would sign them; any other entry no checkpoint covers fails the
         coverage check. With ``size``, the log as its stored checkpoint of that tree size
-        left it: the entries and checkpoints since are newer than the verification (a
-        process verifying while others write, whose unsigned tails it cannot tell from a
-        cut log, verifies as of a checkpoint a writer just signed)."""
+        left it (one a verifier was given, say): the entries and checkpoints since are
+        newer than the verification, and nothing is signed first."""
         check_optional(pinned_checkpoint, Note, "pinned_checkpoint")
         return self._verify_log(pinned_keys=_pinned(pinned_keys), pinned_checkpoint=pinned_checkpoint, size=size)
 

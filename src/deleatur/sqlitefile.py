@@ -52,7 +52,7 @@ class Attempt:
     """A call made where it must not wait for a lock (on an event loop that serves
     other requests): see :func:`first_try`."""
 
-    #: A write lock was found held, and refused at once: the call changed nothing.
+    #: A write lock was found held past FIRST_TRY_WAIT_MS, and refused: the call changed nothing.
     refused: bool = False
     #: Something was committed in this attempt: from then on locks are waited for.
     committed: bool = False
@@ -69,8 +69,9 @@ _ATTEMPT: ContextVar[Attempt | None] = ContextVar("deleatur_attempt", default=No
 def first_try() -> Iterator[Attempt]:
     """Within the block, a write transaction that finds the lock held elsewhere fails
     with StoreBusyError after ``FIRST_TRY_WAIT_MS``, rather than waiting up to
-    ``BUSY_TIMEOUT_MS``, as long as nothing was committed since the block began; ``refused`` then says the call changed
-    nothing, so it may be made again where waiting is harmless (a worker thread). Once
+    ``BUSY_TIMEOUT_MS``, as long as nothing was committed since the block began;
+    ``refused`` then says the call changed nothing, so it may be made again where
+    waiting is harmless (later, or in a worker thread). Once
     something has committed, a later lock is waited for as usual: a call half done is
     finished, never abandoned for a retry that would do its first half twice."""
     attempt = Attempt()

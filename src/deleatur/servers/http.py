@@ -629,10 +629,8 @@ def create_app(
             try:
                 # With a size too: signing is the guarded call that refuses (and audits) a
                 # caller that may not verify, which inside the snapshot could not be audited.
-                if handles == 1:
-                    async with turn:
-                        await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
-                else:
+                # (With several handles nothing else takes `turn`: it costs nothing then.)
+                async with turn:
                     await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
                 report = await anyio.to_thread.run_sync(verify, view, size)
             finally:

@@ -158,10 +158,10 @@ class Backend(Protocol):
         and a failed request never replaces one that ran."""
         ...
 
-    def forget_scope_keys(self, tenant: str, user_refs: Sequence[str]) -> int:
+    def forget_scope_keys(self, tenant: str, user_refs: Sequence[str]) -> None:
         """Drop the scope key of every request of ``tenant`` that reached one of these
         users (blind references): their account is erased, and with its key beside it a
-        request's scope pseudonym would confirm a guessed user id. Returns how many."""
+        request's scope pseudonym would confirm a guessed user id."""
         ...
 
     def pending_key_lists(self) -> list[str]:

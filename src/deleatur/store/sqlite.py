@@ -567,14 +567,13 @@ class SQLiteBackend:
             )
         self._conn.execute(sql, (*row.values(), row["tenant"]))
 
-    def forget_scope_keys(self, tenant: str, user_refs: Sequence[str]) -> int:
+    def forget_scope_keys(self, tenant: str, user_refs: Sequence[str]) -> None:
         erased = set(user_refs)
         rows = self._conn.execute(
             "SELECT id, users FROM erasure_requests WHERE tenant = ? AND scope_key IS NOT NULL", (tenant,)
         ).fetchall()
         reached = [(tenant, str(i)) for i, users in rows if users is not None and erased & set(str(users).split())]
         self._conn.executemany("UPDATE erasure_requests SET scope_key = NULL WHERE tenant = ? AND id = ?", reached)
-        return len(reached)
 
     def pending_key_lists(self) -> list[str]:
         return [
