@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Space, Status, from_bytes
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Role, Space, Status, from_bytes
 
 from .conftest import MASTER, FakeClock
 
@@ -86,6 +86,18 @@ def test_tenants_are_hard_partitions(store_path: Path, clock: FakeClock) -> None
         assert list(globex.list()) == []
         with pytest.raises(NotFoundError):
             globex.get(record.id)
+
+
+def test_views_of_one_handle_keep_each_tenants_tokens(store_path: Path, clock: FakeClock) -> None:
+    """The handle and its views share one cache of blind-index tokens: a tenant's view
+    still gets its own tenant's, never those the handle cached for another."""
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True) as memory:
+        globex_admin, _ = memory.create_principal("globex admin", Role.ADMIN, tenant="globex")
+        ours = memory._scope_token(Space())
+        theirs = memory.as_principal(globex_admin)._scope_token(Space())
+        assert memory._scope_token(Space()) == ours
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock, tenant="globex") as globex:
+        assert globex._scope_token(Space()) == theirs != ours
 
 
 def test_forget_retires_but_keeps_history(memory: Memory) -> None:

@@ -426,7 +426,6 @@ class Memory:
     def _in_tenant(self, tenant: str) -> Memory:
         view = copy.copy(self)
         view.tenant = tenant
-        view._tokens = {}  # tokens are per tenant
         return view
 
     def _hash_index_terms(self) -> None:
@@ -948,8 +947,9 @@ class Memory:
 
     def _token(self, purpose: str, *parts: str) -> str:
         """An opaque per-tenant token (a blind index) of ``parts``, kept for reuse: every
-        write and every audit entry needs one."""
-        key = (purpose, *parts)
+        write and every audit entry needs one. The handle's views share the cache (a
+        server makes a view per request), so it is keyed by tenant too."""
+        key = (self.tenant, purpose, *parts)
         token = self._tokens.get(key)
         if token is None:
             ref = self.keys.index.ref(purpose, self.tenant, *parts)
@@ -974,7 +974,8 @@ class Memory:
             plain = aead.decrypt(row.ciphertext[:_NONCE], row.ciphertext[_NONCE:], self._aad(row.id, row.subject_ref))
         except InvalidTag:
             raise IntegrityError(f"record {row.id} failed authentication", record_id=row.id) from None
-        payload = json.loads(plain)
+        # Decoded here, as json.loads would, but without its guess at the encoding.
+        payload = json.loads(plain.decode("utf-8", "surrogatepass"))
         return Record(
             id=row.id,
             tenant=row.tenant,
