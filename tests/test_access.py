@@ -31,13 +31,14 @@ from deleatur import (
     Role,
     Space,
     SpaceFilter,
+    from_bytes,
 )
 from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.erasure.verify import verify_certificate
 
-from .conftest import Cli, FakeClock, store_files
+from .conftest import MASTER, Cli, FakeClock, store_files
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
 U1, U2 = Space("u1"), Space("u2")
@@ -489,6 +490,30 @@ def test_revocation_reaches_views_already_made_and_views_cannot_widen(memory: Me
     wide = Principal(other.id, "default", "other", Role.ADMIN, operator=True)
     with pytest.raises(AccessDeniedError, match="only the handle that opened the store"):
         memory.as_principal(other).as_principal(wide)
+
+
+def test_a_call_refused_inside_a_read_snapshot_is_audited_as_it_ends(memory: Memory, store_path: Path) -> None:
+    """Calls in a read snapshot are authorized as of its start: a key another handle
+    revoked before it began is refused there, and the refusal's entry, which the snapshot
+    cannot write, is written as it ends (writing it in the snapshot failed: a busy error,
+    after the whole busy timeout); a key revoked since it began still reads it."""
+    before, _ = memory.create_principal("revoked before", Role.AUDITOR)
+    since, _ = memory.create_principal("revoked since", Role.AUDITOR)
+    start = memory.backend.log_size()
+    with Memory.open(store_path, from_bytes(MASTER)) as verifier:
+        refused, reading = verifier.as_principal(before), verifier.as_principal(since)
+        memory.revoke_principal(before.id)
+        with verifier.read_snapshot():
+            memory.revoke_principal(since.id)
+            with pytest.raises(AccessDeniedError, match="revoked") as denied:
+                refused.verify_log()
+            assert denied.value.missing == "principal"
+            assert reading.verify_log().ok
+    calls = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
+    assert [(c["actor"], c["action"], c["error"]) for c in calls if c["outcome"] == "denied"] == [
+        (before.id, "log.verify", "principal")
+    ]
+    assert memory.verify_audit().ok
 
 
 def test_a_scoped_key_cannot_derive_from_records_outside_its_scopes(memory: Memory) -> None:

@@ -439,9 +439,11 @@ NOT_IN_CLIENT = {
     # No route: a CSV bundle is a directory, a residue scan is an operator's audit.
     "export_csv",
     "residue",
-    # A server's own handles: what it signs and reads as of a moment (its verifications).
+    # A server's own handles: what it signs and reads as of a moment (its verifications),
+    # and the -wal it truncates as such a read ends.
     "sign_pending",
     "read_snapshot",
+    "finish_scrub",
 }
 
 

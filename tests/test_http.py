@@ -33,6 +33,7 @@ from deleatur import (
     Role,
     Status,
 )
+from deleatur.access.principals import split_api_key
 from deleatur.client import Client
 from deleatur.clock import isoformat
 from deleatur.erasure.engine import AmbiguousSubjectError
@@ -45,7 +46,7 @@ from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
 from deleatur.store.evidence import StoreEvidence
 
-from .conftest import MASTER
+from .conftest import MASTER, store_files
 from .serving import api_key, new_store, paged_by_bytes, serving
 
 Keys = dict[Role, str]
@@ -456,6 +457,61 @@ def test_a_long_verification_holds_up_no_other_request(tmp_path: Path, monkeypat
         assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
 
 
+def test_an_erasure_during_a_verification_waits_not_for_it_and_is_gone_once_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure's scrub waited for the verification's read snapshot to truncate the -wal,
+    holding the shared handle, and every request queued behind it, until the verification
+    ended. It answers at once now, its request saying the -wal was not truncated, and the
+    verification truncates it as it ends: no byte of the erased record is left anywhere."""
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.ADMIN)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a scrub that waits outlasts the test
+    entered, release = threading.Event(), threading.Event()
+    real = Memory.verify_log
+
+    def slow(self: Memory, *args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(timeout=60)
+        return real(self, *args, **kwargs)
+
+    def on_disk(data: bytes) -> list[str]:
+        return [p.name for p in store_files(tmp_path / "mem.db") if data in p.read_bytes()]
+
+    monkeypatch.setattr(Memory, "verify_log", slow)
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        record = http.post("/v1/memories", json={"text": "qzverifysecret", "subject": "Alice"}).json()
+        reader = apsw.Connection(str(tmp_path / "mem.db"), flags=apsw.SQLITE_OPEN_READONLY)
+        ((ciphertext,),) = reader.execute("SELECT ciphertext FROM records WHERE id = ?", (record["id"],))
+        reader.close()
+        assert isinstance(ciphertext, bytes) and on_disk(ciphertext)
+        verified: list[httpx.Response] = []
+        verifier = threading.Thread(target=lambda: verified.append(http.get("/v1/log/verify")))
+        verifier.start()
+        try:
+            assert entered.wait(timeout=30)
+            erased: list[httpx.Response] = []
+            eraser = threading.Thread(
+                target=lambda: erased.append(http.delete("/v1/subjects/Alice", headers={"Idempotency-Key": "R1"}))
+            )
+            eraser.start()
+            eraser.join(timeout=30)
+            assert erased, "the erasure waited for the verification's snapshot"
+            assert erased[0].status_code == 202
+            assert erased[0].json()["counts"]["wal_not_truncated"] == 1
+            assert on_disk(ciphertext)  # the snapshot still holds its -wal
+            assert http.get("/v1/whoami").status_code == 200
+        finally:
+            release.set()
+            verifier.join(timeout=60)
+            eraser.join(timeout=60)
+        assert [v.status_code for v in verified] == [200] and verified[0].json()["verdict"] == "PASS"
+        assert on_disk(ciphertext) == []
+        assert "wal_not_truncated" not in http.get("/v1/erasures/R1").json()["counts"]
+
+
 def test_writers_waiting_for_a_lock_held_elsewhere_stall_the_loop_no_longer_for_more_of_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -573,6 +629,44 @@ def test_a_key_that_may_not_verify_is_refused_a_verification_as_of_a_size(tmp_pa
             e.entry.fields for e in memory.audit_entries(calls_only=True) if e.entry.fields["outcome"] == "denied"
         ]
     assert len(denied) == 4
+
+
+def test_a_key_revoked_elsewhere_as_its_verification_begins_is_refused_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process revokes the key after the server's handle signed for its
+    verification and before the snapshot began: the snapshot's call sees it revoked, and
+    the refusal is a 403, audited (it was a 500: its entry could not be written in the
+    snapshot)."""
+    opener = new_store(tmp_path / "mem.db")
+    revoked: list[str] = []
+    real = Memory.sign_pending
+
+    def signed_then_revoked(self: Memory) -> None:
+        real(self)
+        with opener() as elsewhere:
+            elsewhere.revoke_principal(revoked[-1])
+
+    monkeypatch.setattr(Memory, "sign_pending", signed_then_revoked)
+    reader = {"Authorization": f"Bearer {api_key(opener, Role.VIEWER)}"}
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        size = Checkpoint.parse(Note.parse(http.get("/v1/checkpoint", headers=reader).json()["checkpoint"]).text).size
+        for route in ("/v1/log/verify", "/v1/audit/verify"):
+            for params in ({}, {"size": size}):
+                key = api_key(opener, Role.AUDITOR)
+                revoked.append(split_api_key(key)[0])
+                refused = http.get(route, params=params, headers={"Authorization": f"Bearer {key}"})
+                assert refused.status_code == 403, (route, params, refused.text)
+                assert (refused.json()["error"]["code"], refused.json()["error"]["missing"]) == (
+                    "access_denied",
+                    "principal",
+                )
+    with opener() as memory:
+        denied = [
+            e.entry.fields for e in memory.audit_entries(calls_only=True) if e.entry.fields["outcome"] == "denied"
+        ]
+    assert sorted(d["actor"] for d in denied) == sorted(revoked)
+    assert {d["error"] for d in denied} == {"principal"}
 
 
 def test_verifications_beside_busy_writers_pass(tmp_path: Path) -> None:

@@ -176,6 +176,9 @@ class _Shared:
     unsigned: bool = False
     #: The store's data_version when this handle last checked which key signs the log.
     signer_checked: int = -1
+    #: Inside a read snapshot (:meth:`Memory.read_snapshot`), which can write nothing:
+    #: the entries calls made in it would have written in transactions of their own.
+    deferred: builtins.list[Entry] | None = None
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -243,11 +246,10 @@ class Memory:
         erased = self.backend.erased_accounts()
         if erased is not None:
             admin.rescope_erased_accounts(self, erased)
-        if self.backend.scrub_pending():
-            # A removal committed, then its process died before the scrub (or a reader
-            # held it off). Without waiting: a reader still there would stall every open;
-            # the mark stays for the next removal's scrub, or the next open.
-            self._scrub(wait=False)
+        # A removal committed, then its process died before the scrub (or a reader held
+        # it off). Without waiting: a reader still there would stall every open; the mark
+        # stays for the next removal's scrub, or the next open.
+        self.finish_scrub(wait=False)
 
     # -- opening -----------------------------------------------------------------
 
@@ -496,6 +498,23 @@ class Memory:
         False if a reader kept either from being truncated."""
         keys = self.keys.scrub(wait=wait)
         return self.backend.scrub(wait=wait, settled=keys) and keys
+
+    def finish_scrub(self, *, wait: bool = True) -> bool:
+        """Truncate both -wal files if a removal left them unscrubbed (a reader kept them
+        from being truncated, or its process died first), as the next removal or open
+        would; ``wait``: for readers, as a removal's scrub does. False if one still kept
+        them, and the store stays marked. A server calls it as a long read of its own
+        ends (see sqlitefile.scrubs_unwaited_during)."""
+        return not self.backend.scrub_pending() or self._scrub(wait=wait)
+
+    def _audit(self, entry: Entry) -> None:
+        """A call's entry in a transaction of its own (a read's, a refusal's, a failure's);
+        inside a read snapshot, once it ends."""
+        if self._shared.deferred is not None:
+            self._shared.deferred.append(entry)
+            return
+        with self._logged(audit_only=True) as events:
+            events.append((entry, None))
 
     def _user_token(self, user_id: str) -> str:
         ref = erased_ref(user_id)
@@ -835,8 +854,26 @@ class Memory:
 
     def read_snapshot(self) -> AbstractContextManager[None]:
         """Calls in the block that only read see the store as it was when the block began
-        (a server verifies the log as of a moment its own handle had signed all it wrote)."""
-        return self.backend.snapshot()
+        (a server verifies the log as of a moment its own handle had signed all it wrote),
+        and are authorized as of then: a key revoked since still reads, one revoked before
+        is refused. The entry such a call writes on its own (a read's, a refusal's) is
+        written as the block ends, since a read snapshot can write nothing."""
+        # Returned, not decorated: the guard's coverage test takes any public method that
+        # has __wrapped__ for a guarded one.
+        return self._read_snapshot()
+
+    @contextmanager
+    def _read_snapshot(self) -> Iterator[None]:
+        deferred: builtins.list[Entry] = []
+        self._shared.deferred = deferred
+        try:
+            with self.backend.snapshot():
+                yield
+        finally:
+            self._shared.deferred = None
+            if deferred:
+                with self._logged(audit_only=True) as events:
+                    events.extend((entry, None) for entry in deferred)
 
     @guarded("log.verify", V, audit=False)
     def verify_log(

@@ -235,15 +235,39 @@ def data_version(conn: apsw.Connection) -> int:
     return -1
 
 
+# Whether a long read the caller knows of is under way: see scrubs_unwaited_during.
+_LONG_READ: ContextVar[Callable[[], bool] | None] = ContextVar("deleatur_long_read", default=None)
+
+
+@contextmanager
+def scrubs_unwaited_during(long_read: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, a :func:`scrub` made while ``long_read()`` is true waits for no
+    reader. A long read that the caller knows of (a server verifying its whole log on a
+    handle of its own) keeps the -wal from being truncated for as long as it lasts, and
+    waiting for it would hold up every call queued behind this one. Such a scrub fails as
+    one does when a reader outlasts its wait: the removal's mark stays, and whoever ends
+    the read truncates the -wal then (``Memory.finish_scrub``). Asked at each scrub, so a
+    call that began during the read waits as usual for a scrub made after it."""
+    token = _LONG_READ.set(long_read)
+    try:
+        yield
+    finally:
+        _LONG_READ.reset(token)
+
+
 def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     """Move every committed page into the main file and empty the -wal file, so old
     page images holding removed data do not linger there.
 
     A reader in another connection holding an older snapshot keeps the -wal from
     being truncated (SQLite waits for it up to the busy timeout, or not at all
-    without ``wait``): then this returns False, and the caller must say so rather
-    than claim the -wal is clean.
+    without ``wait``, or during a long read: see :func:`scrubs_unwaited_during`):
+    then this returns False, and the caller must say so rather than claim the -wal
+    is clean.
     """
+    long_read = _LONG_READ.get()
+    if long_read is not None and long_read():
+        wait = False
     if not wait:
         conn.set_busy_handler(None)
     try:

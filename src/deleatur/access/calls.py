@@ -178,8 +178,7 @@ def leave(memory: Memory, call: Call, error: BaseException | None) -> None:
 
 def append(memory: Memory, call: Call) -> None:
     """The call's entry in a transaction of its own (a read, a refusal, a failure)."""
-    with memory._logged(audit_only=True) as events:
-        events.append((entry(memory, call), None))
+    memory._audit(entry(memory, call))
 
 
 #: Refused API keys audited per second by one open store; the rest are counted.
@@ -232,8 +231,7 @@ def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any]
     if unwritten:
         fields["unwritten"] = unwritten  # refusals since the last entry, over the budget
     try:
-        with memory._logged(audit_only=True) as events:
-            events.append((Entry(EventType.CALL, now, fields), None))
+        memory._audit(Entry(EventType.CALL, now, fields))
     except StoreBusyError:
         memory._refusals.unadmit(now, unwritten)
         raise

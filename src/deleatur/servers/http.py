@@ -36,7 +36,7 @@ from ..errors import AuthenticationError, DeleaturError, InvalidInputError, Stor
 from ..log.report import Report
 from ..memory import Memory
 from ..model import Space, SpaceFilter, loads_unique
-from ..sqlitefile import first_try
+from ..sqlitefile import first_try, scrubs_unwaited_during
 from .auth import CHALLENGE, as_caller
 from .calls import (
     MAX_EXPORTS,
@@ -510,6 +510,10 @@ def create_app(
     # where under steady load the queue never empties.
     turn = asyncio.Lock()
     retrying = asyncio.Lock()  # held by the refused request now trying again
+    # Set while a verification's read snapshot is open: a scrub would wait for it (for
+    # as long as it reads, holding the handle, and with one handle `turn` too), so none
+    # does, and the verification truncates the -wal as it ends.
+    reading = threading.Event()
 
     async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
@@ -529,7 +533,7 @@ def create_app(
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
         def run() -> T:
-            with pool.lease() as memory:
+            with pool.lease() as memory, scrubs_unwaited_during(reading.is_set):
                 return call(as_caller(memory, api_key))
 
         def tried() -> T | _Refused:
@@ -603,7 +607,11 @@ def create_app(
         (it alone knows them for its own, not a crash's or an intruder's tail), and the
         verification reads the log as it was at that moment: its read snapshot begins
         before the shared handle appends anything more, so every entry it sees that no
-        checkpoint covers fails the coverage check, as on the shared handle before."""
+        checkpoint covers fails the coverage check, as on the shared handle before.
+
+        While the snapshot is open, no scrub waits for it (``reading``): an erasure made
+        meanwhile answers at once, its request saying the -wal was not truncated, and
+        the verification truncates the -wal once its snapshot has ended."""
         api_key = _API_KEY.get()
 
         def opened() -> tuple[Memory, Memory, ExitStack]:
@@ -621,6 +629,12 @@ def create_app(
             # snapshot's start, so every entry the snapshot holds is signed or foreign.
             with pool.lease() as shared:
                 as_caller(shared, api_key).sign_pending()
+            # Closed in reverse: the snapshot ends, then scrubs wait for readers again, then
+            # this handle truncates the -wal if a scrub made before that could not (its
+            # removal had committed, marking the store).
+            stack.callback(memory.finish_scrub)
+            reading.set()
+            stack.callback(reading.clear)
             stack.enter_context(memory.read_snapshot())
 
         async with verifying:
@@ -628,14 +642,15 @@ def create_app(
             memory, view, stack = await anyio.to_thread.run_sync(opened)
             try:
                 # With a size too: signing is the guarded call that refuses (and audits) a
-                # caller that may not verify, which inside the snapshot could not be audited.
+                # caller that may not verify before a snapshot is opened for it.
                 # (With several handles nothing else takes `turn`: it costs nothing then.)
                 async with turn:
                     await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
                 report = await anyio.to_thread.run_sync(verify, view, size)
             finally:
-                # In a thread (closing signs a checkpoint, which may wait for the lock), and
-                # even if the request is cancelled: an open snapshot holds off every scrub.
+                # In a thread (closing signs a checkpoint and truncates the -wal, which may
+                # wait), and even if the request is cancelled: an open snapshot keeps the
+                # -wal, erased data included, from being truncated.
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(stack.close)
             return report.to_json()
