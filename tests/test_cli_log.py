@@ -92,6 +92,8 @@ def test_checkpoint_prove_consistency_verify(cli: Cli, store: Path, tmp_path: Pa
 def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     state = tmp_path / "w.db"
     assert cli("witness", "init", "--state", str(state), "--name", "witness.example/w")[0] == 0
+    code, _, err = cli("witness", "add-log", "--state", str(state), "garbage")
+    assert code == 2 and err.startswith("error: VKEY: "), err  # the argument given, not an option it lacks
     assert cli("witness", "add-log", "--state", str(state), _vkey(cli))[0] == 0
     cp = tmp_path / "cp.txt"
     cli("log", "checkpoint", "--out", str(cp))

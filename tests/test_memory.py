@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Role, Space, Status, from_bytes
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Role, Space, Status, StoreError, from_bytes
 
 from .conftest import MASTER, FakeClock
 
@@ -98,6 +98,19 @@ def test_views_of_one_handle_keep_each_tenants_tokens(store_path: Path, clock: F
         assert memory._scope_token(Space()) == ours
     with Memory.open(store_path, from_bytes(MASTER), clock=clock, tenant="globex") as globex:
         assert globex._scope_token(Space()) == theirs != ours
+
+
+def test_a_closed_handle_says_so(store_path: Path, clock: FakeClock) -> None:
+    """A call on a handle already closed is refused by the library's own error (a
+    StoreError, exit 2 in the shells), not SQLite's; closing twice is harmless."""
+    memory = Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True)
+    memory.remember("Alice likes tea", subject="Alice")
+    memory.close()
+    memory.close()
+    with pytest.raises(StoreError, match="handle is closed"):
+        memory.recall("tea")
+    with pytest.raises(StoreError, match="handle is closed"):
+        memory.remember("more", subject="Alice")
 
 
 def test_forget_retires_but_keeps_history(memory: Memory) -> None:

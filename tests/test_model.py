@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -59,6 +61,13 @@ def test_metadata_must_be_a_json_object() -> None:
         parse_metadata("[1]")
     with pytest.raises(InvalidInputError, match="not valid JSON"):
         NewMemory(text="t", subject="s", metadata={"x": float("nan")})
+
+
+@pytest.mark.parametrize("metadata", [{1: "a"}, {"a": [{"b": {None: 1}}]}, {"a": ({True: 1},)}, {1: "a", "1": "b"}])
+def test_metadata_keys_that_are_not_strings_are_refused_not_turned_into_strings(metadata: dict[Any, Any]) -> None:
+    with pytest.raises(InvalidInputError, match="metadata keys must be strings"):
+        NewMemory(text="t", subject="s", metadata=metadata)
+    assert NewMemory(text="t", subject="s", metadata={"a": ({"b": 1},)}).metadata == {"a": [{"b": 1}]}
 
 
 def test_confidence_range() -> None:

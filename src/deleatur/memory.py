@@ -664,7 +664,10 @@ class Memory:
     def _refresh(self) -> None:
         """As each call begins: take up what another connection changed that this handle
         keeps in memory (a destroyed data key, a rotated signing key)."""
-        self.keys.refresh()
+        try:
+            self.keys.refresh()
+        except apsw.ConnectionClosedError:
+            raise StoreError("this store handle is closed: open the store again") from None
         self._current_signer()
 
     @guarded("log.public_key", (V, R, W), audit=False)

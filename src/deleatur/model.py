@@ -217,11 +217,28 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc}") from None
+    _check_keys(metadata)
     decoded: dict[str, Any] = json.loads(encoded)
     if _depth(decoded) > MAX_METADATA_DEPTH:
         # Deeper values break JSON encoders downstream (the servers, exports).
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     return decoded
+
+
+def _check_keys(metadata: Mapping[Any, Any]) -> None:
+    """Every object's keys are strings: json.dumps would turn 1, 1.5, True and None into
+    "1", "1.5", "true" and "null", and {1: "a", "1": "b"} into one key. Walked after
+    json.dumps took the value, so it is finite and acyclic."""
+    stack: list[Any] = [metadata]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInputError(f"metadata keys must be strings, not {_a(type(key))}")
+                stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def _depth(value: Any) -> int:

@@ -188,11 +188,13 @@ def write_output(path: Path | None, text: str) -> None:
         raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def pin_key(value: str, name: str) -> Verifier:
+def pin_key(value: str, name: str, given_as: str = "--expected-pubkey") -> Verifier:
+    """The verifier key ``value``; a bad one is refused naming the option or argument
+    it was ``given_as``."""
     try:
         return parse_verifier(value, name)
     except NoteError as exc:
-        raise InvalidInputError(f"--expected-pubkey: {exc.message}") from None
+        raise InvalidInputError(f"{given_as}: {exc.message}") from None
 
 
 def print_report(report: Report, as_json: bool) -> None:

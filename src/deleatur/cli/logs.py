@@ -239,7 +239,7 @@ def verify_receipt_command(
     except NoteError as exc:
         raise InvalidInputError(f"{receipt_file}: {exc.message}") from None
     if key is not None:
-        pinned = [pin_key(key, origin)]
+        pinned = [pin_key(key, origin, "--key")]
         evidence = None if store is None else StoreEvidence(store)
         try:
             report = verify_receipt(parsed, pinned, pinned=True, store=evidence)
@@ -270,7 +270,7 @@ def witness_add_log(state: WitnessOpt, vkey: str) -> None:
     """Trust a log's verifier key (its origin is the key's name)."""
     witness = Witness.open(state)
     try:
-        origin = witness.add_log(pin_key(vkey, "").vkey)
+        origin = witness.add_log(pin_key(vkey, "", "VKEY").vkey)
     finally:
         witness.close()
     out.print(f"now witnessing {origin}", markup=False, highlight=False)
@@ -286,7 +286,7 @@ def witness_update_log(
     in the log this witness cosigned."""
     witness = Witness.open(state)
     try:
-        origin = witness.update_log(pin_key(vkey, "").vkey, read_input(proof))
+        origin = witness.update_log(pin_key(vkey, "", "VKEY").vkey, read_input(proof))
     finally:
         witness.close()
     out.print(f"now witnessing {origin} under its key {vkey.strip()}", markup=False, highlight=False)
