@@ -32,12 +32,12 @@ def api_key(open_memory: Callable[[], Memory], role: Role, *, scopes: list[str] 
         return memory.create_principal(f"test {role.value}", role, scopes=scopes)[1]
 
 
-def paged_by_bytes(memory: Memory, space: Space) -> tuple[int, list[list[str]]]:
-    """Eight records in ``space``, and a byte cap under which a listing's pages are, by
-    record id: two short records each, but a short one alone before a record larger than
-    the cap, which comes alone too."""
+def paged_by_bytes(memory: Memory, space: Space, key: str | None = None) -> tuple[int, list[list[str]]]:
+    """Eight records in ``space`` (with ``key``: its eight versions), and a byte cap under
+    which a listing's pages are, by record id: two short records each, but a short one
+    alone before a record larger than the cap, which comes alone too."""
     texts = ["x" * 1000] * 5 + ["y" * 9000] + ["x" * 1000] * 2
-    records = memory.remember_many([NewMemory(text, subject="Pages") for text in texts], space=space)
+    records = memory.remember_many([NewMemory(text, subject="Pages", key=key) for text in texts], space=space)
     ids = [r.id for r in records]
     short = {record_bytes(r) for r in records if r.text.startswith("x")}
     assert ids == sorted(ids) and len(short) == 1

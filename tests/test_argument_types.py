@@ -328,8 +328,8 @@ CALLS = [
     ),
     Call(
         "audit_entries",
-        lambda c: {"start": 0, "limit": None, "calls_only": False, "actor": None},
-        own={"start": "int", "limit": "None int", "calls_only": "bool", "actor": "None str"},
+        lambda c: {"start": 0, "limit": None, "calls_only": False, "actor": None, "scan": None},
+        own={"start": "int", "limit": "None int", "calls_only": "bool", "actor": "None str", "scan": "None int"},
     ),
 ]
 

@@ -376,13 +376,22 @@ def test_the_audit_trail_is_the_librarys(admin: Pair, monkeypatch: pytest.Monkey
     monkeypatch.setattr(client_module, "_PAGE", 7)  # so the stream follows many pages
     fixed = memory.checkpoint()  # entries before it do not change; reading the trail adds more
     size = Checkpoint.parse(fixed.text).size
-    for arguments in ({}, {"start": 3, "limit": 20}, {"calls_only": True, "limit": 9}, {"actor": "test admin"}):
+    bounded: list[dict[str, Any]] = [{"scan": 10}, {"start": 2, "calls_only": True, "scan": 9, "limit": 2}]
+    unbounded: list[dict[str, Any]] = [
+        {},
+        {"start": 3, "limit": 20},
+        {"calls_only": True, "limit": 9},
+        {"actor": "test admin"},
+    ]
+    for arguments in unbounded + bounded:
         remote = client.audit_entries(**arguments)
         local = memory.audit_entries(**arguments)
         assert isinstance(remote, Iterator) and isinstance(local, Iterator), arguments
         remote_shown = [e.to_json() for e in remote if e.index < size]
         local_shown = [e.to_json() for e in local if e.index < size]
         assert remote_shown == local_shown and remote_shown, arguments
+        if arguments in bounded:
+            assert remote.resume == local.resume and local.resume is not None and local.resume < size, arguments
         if "limit" in arguments:
             assert len(list(client.audit_entries(**arguments))) == arguments["limit"]
     named = [e for e in memory.audit_entries() if e.subject is not None]

@@ -314,13 +314,78 @@ def test_a_spent_token_leaves_nothing_that_confirms_a_guessed_name(
     with the database file could test a guessed name against it."""
     plan = memory.erase("Alice Smith", request_id="D", basis=BASIS, requester="dpo", dry_run=True, issue_token=True)
     assert plan.plan is not None and plan.token
+    (stored,) = _token_digests(store_path)
+    assert stored in _raw(store_path)  # the test reads the right place
     _erase(memory, "Alice Smith", request_id="DSAR-19", require_confirmation=True, confirmation=plan.token)
     guessed = hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.plan.digest + memory.principal.id.encode()).digest()
     memory.backend.scrub()
-    blob = b"".join(p.read_bytes() for p in store_files(store_path))
+    blob = _raw(store_path)
     assert plan.plan.digest not in blob and guessed not in blob
-    ((stored,),) = apsw.Connection(str(store_path)).execute("SELECT plan_digest FROM erasure_confirmations")
-    assert isinstance(stored, bytes) and stored in blob  # the test reads the right place
+    # Nor the keyed hash, which the master key's holder could test a guess against.
+    assert stored not in blob and _token_digests(store_path) == [b""]
+
+
+def _raw(store_path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in store_files(store_path))
+
+
+def _token_digests(store_path: Path) -> list[bytes]:
+    """The plan digest of every confirmation token the store holds, read as another
+    process would read the file."""
+    conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return [bytes(d) for (d,) in conn.execute("SELECT plan_digest FROM erasure_confirmations")]
+    finally:
+        conn.close()
+
+
+def test_issuing_a_token_removes_those_past_their_time(
+    memory: Memory, family: dict[str, str], store_path: Path, clock: FakeClock
+) -> None:
+    """Every dry run with a token left its row for good, spent or not: the table grew with
+    each one, and each row kept a keyed hash of its plan, the subject's name among the rest."""
+    for _ in range(3):
+        _erase(memory, "Alice Smith", dry_run=True, issue_token=True)
+    spent = _erase(memory, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    _erase(memory, "Bob", request_id="DSAR-BOB", confirmation=spent)
+    old = [d for d in _token_digests(store_path) if d]  # a spent token's is gone already
+    assert len(_token_digests(store_path)) == 4 and all(d in _raw(store_path) for d in old)
+    clock.advance(15 * 60)  # a token still confirms at the very end of its lifetime
+    kept = _erase(memory, "Team notes", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    assert len(_token_digests(store_path)) == 5
+    clock.advance(1)
+    _erase(memory, "Digest", dry_run=True, issue_token=True)
+    assert len(_token_digests(store_path)) == 2  # the one issued a second ago, and this one
+    raw = _raw(store_path)
+    assert not any(d in raw for d in old)
+    with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
+        _erase(memory, "Bob", request_id="DSAR-BOB", confirmation=spent)
+    done = _erase(memory, "Team notes", request_id="DSAR-TEAM", confirmation=kept).request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE
+
+
+def test_an_erasure_leaves_no_token_of_its_plan(memory: Memory, family: dict[str, str], store_path: Path) -> None:
+    """The token an erasure spent kept its keyed hash of the plan, which names the erased
+    subject, as did the other tokens issued for that plan (another dry run of the same
+    agent, another principal's), which can confirm nothing once it ran. Now the erasure
+    spends them all, and a spent token keeps no hash: each still repeats the erasure
+    until it expires."""
+    agent = memory.as_principal(memory.create_principal("bot", Role.AGENT)[0])
+    first, second = (_erase(agent, "Alice Smith", dry_run=True, issue_token=True).token for _ in range(2))  # type: ignore[attr-defined]
+    _erase(memory, "Alice Smith", dry_run=True, issue_token=True)
+    other = _erase(agent, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    digests = set(_token_digests(store_path))
+    assert len(digests) == 3 and all(d in _raw(store_path) for d in digests)
+    done = _erase(agent, "Alice Smith", confirmation=second).request  # type: ignore[attr-defined]
+    assert done.status is RequestStatus.COMPLETE and "wal_not_truncated" not in done.counts
+    *spent, bob = sorted(_token_digests(store_path))  # Bob's plan keeps its hash
+    assert spent == [b""] * 3 and bob in digests
+    raw = _raw(store_path)
+    assert not any(d in raw for d in digests - {bob}) and bob in raw
+    assert all(_erase(agent, "Alice Smith", confirmation=t).repeated for t in (first, second))  # type: ignore[attr-defined]
+    with pytest.raises(ConfirmationRequiredError, match="already used"):
+        _erase(agent, "Alice Smith", request_id="DSAR-18", confirmation=first)
+    assert _erase(agent, "Bob", request_id="DSAR-BOB", confirmation=other).request.status is RequestStatus.COMPLETE  # type: ignore[attr-defined]
 
 
 def test_a_refused_confirmation_neither_records_a_request_nor_reveals_ids_in_use(

@@ -41,10 +41,11 @@ from deleatur.erasure.requests import RequestStatus
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.note import Note
 from deleatur.model import Space, SpaceFilter
-from deleatur.servers.calls import MAX_EXPORTS
+from deleatur.servers.calls import MAX_AUDIT_SCAN, MAX_EXPORTS
 from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
 from deleatur.store.evidence import StoreEvidence
+from deleatur.store.sqlite import SQLiteBackend
 
 from .conftest import MASTER, store_files
 from .serving import api_key, new_store, paged_by_bytes, serving
@@ -823,6 +824,50 @@ def test_audit_trail_records_calls(client: Client, base_url: str, admin: dict[st
     assert verified["verdict"] == "PASS"
 
 
+def test_an_audit_page_reads_a_bounded_part_of_the_log(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of GET /v1/audit read on through the log until it had ``limit`` entries: a
+    filter that matches few (an actor's calls, a key scoped to few users) read the whole
+    log for one page, 22 s for 200,000 entries, holding the store handle. Now a page reads
+    at most MAX_AUDIT_SCAN of the log's entries and says where the next starts; the client
+    follows the pages, or stops after reading ``scan`` entries."""
+    opener = new_store(tmp_path_factory.mktemp("audit-scan") / "mem.db")
+    with opener() as memory:
+        principal = memory.create_principal("writer", Role.MEMBER)[0]
+        writer = memory.as_principal(principal)
+        for n in range(3):
+            memory.remember_many([NewMemory(f"note {i}", subject="Someone") for i in range(MAX_AUDIT_SCAN // 2)])
+            writer.remember(f"the writer's note {n}", subject="Someone")
+        wanted = [e.to_json() for e in memory.audit_entries(actor=principal.id)]
+        end = memory.backend.log_size()
+    assert len(wanted) == 3 and wanted[-1]["index"] > MAX_AUDIT_SCAN
+    read: list[int] = []
+    rows = SQLiteBackend.log_entries_with_users
+
+    def counted(backend: SQLiteBackend, tenant: str, start: int = 0) -> Iterator[tuple[int, bytes, str | None]]:
+        for row in rows(backend, tenant, start):
+            read.append(row[0])
+            yield row
+
+    monkeypatch.setattr(SQLiteBackend, "log_entries_with_users", counted)
+    key = api_key(opener, Role.AUDITOR)
+    auditor = {"Authorization": f"Bearer {key}"}
+    with serving(create_app(opener)) as url, Client(url, api_key=key) as remote:
+        page = httpx.get(f"{url}/v1/audit", params={"actor": "nobody", "start": 5}, headers=auditor).json()
+        assert page == {"entries": [], "next": 5 + MAX_AUDIT_SCAN}
+        assert read == list(range(5, 6 + MAX_AUDIT_SCAN))  # the entries read, and the next one's index
+        narrower = httpx.get(f"{url}/v1/audit", params={"start": 5, "limit": 2, "scan": 4}, headers=auditor).json()
+        assert [e["index"] for e in narrower["entries"]] == [5, 6] and narrower["next"] == 7
+        trail = remote.audit_entries(actor=principal.id)
+        assert [e.to_json() for e in trail] == wanted and trail.resume is None
+        before_last = wanted[-1]["index"]  # reads every entry before the writer's last call
+        trail = remote.audit_entries(actor=principal.id, scan=before_last)
+        assert [e.to_json() for e in trail] == wanted[:2] and trail.resume == before_last
+        last = httpx.get(f"{url}/v1/audit", params={"start": end + 100}, headers=auditor).json()
+        assert last == {"entries": [], "next": None}
+
+
 def test_a_scoped_key_cannot_link_a_guessed_name_through_the_audit_route(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -930,16 +975,37 @@ def test_pages_stop_before_passing_the_byte_cap(tmp_path_factory: pytest.TempPat
         cap, pages = paged_by_bytes(memory, Space("bytes"))
     key = api_key(opener, Role.VIEWER)
     with serving(create_app(opener, max_page_bytes=cap)) as url, Client(url, api_key=key) as remote:
-        got: list[list[str]] = []
-        params: dict[str, str | int] = {"user_id": "bytes", "limit": 100}
-        while True:
-            page = httpx.get(f"{url}/v1/memories", params=params, headers={"Authorization": f"Bearer {key}"}).json()
-            got.append([r["id"] for r in page["records"]])
-            if page["next"] is None:
-                break
-            params["after"] = page["next"]
-        assert got == pages
+        assert _pages(url, "/v1/memories", key, {"user_id": "bytes"}) == pages
         assert [r.id for r in remote.list(space=Space("bytes"))] == [i for ids in pages for i in ids]
+
+
+def _pages(url: str, route: str, key: str, params: dict[str, str | int]) -> list[list[str]]:
+    """The record ids of each page of ``route``, following its cursor to the end."""
+    got: list[list[str]] = []
+    params = {**params, "limit": 100}
+    while True:
+        page = httpx.get(f"{url}{route}", params=params, headers={"Authorization": f"Bearer {key}"}).json()
+        got.append([r["id"] for r in page["records"]])
+        if page["next"] is None:
+            return got
+        params["after"] = page["next"]
+
+
+def test_history_pages_as_a_listing_does(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """GET /v1/history answered every version of a key at once, however many: a key
+    rewritten 2,000 times with 60 KB values took 231 MiB to read, and it has no bound.
+    Now it pages and stops before the byte cap as GET /v1/memories does; the client
+    follows the pages, and a key with no version is still not found."""
+    opener = new_store(tmp_path_factory.mktemp("history") / "mem.db")
+    with opener() as memory:
+        cap, pages = paged_by_bytes(memory, Space("bytes"), key="pages::k")
+        memory.remember("another key", subject="Pages", key="pages::other", space=Space("bytes"))
+    key = api_key(opener, Role.VIEWER)
+    with serving(create_app(opener, max_page_bytes=cap)) as url, Client(url, api_key=key) as remote:
+        assert _pages(url, "/v1/history", key, {"user_id": "bytes", "key": "pages::k"}) == pages
+        assert [r.id for r in remote.history("pages::k", space=Space("bytes"))] == [i for ids in pages for i in ids]
+        with pytest.raises(NotFoundError, match="no record with this key in this space"):
+            remote.history("pages::none", space=Space("bytes"))
 
 
 def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.TempPathFactory) -> None:

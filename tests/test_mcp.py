@@ -652,19 +652,45 @@ def test_list_pages_and_exports_are_capped_by_bytes(tmp_path: Path) -> None:
 
     async def run(session: ClientSession) -> None:
         await session.initialize()
-        got: list[list[str]] = []
-        after: dict[str, str] = {}
-        while True:
-            page = await _data(session, "list_memories", user_id="bytes", limit=100, **after)
-            got.append([r["id"] for r in page["records"]])
-            if page["next"] is None:
-                break
-            after = {"after": page["next"]}
-        assert got == pages
+        assert await _pages(session, "list_memories", user_id="bytes") == pages
         refused = await session.call_tool("export_memory", {"user_id": "bytes"})
         assert refused.is_error and refused.structured_content is not None
         assert refused.structured_content["error"]["code"] == "result_too_large"
         assert "GET /v1/export" in _text(refused) and "deleatur export" in _text(refused)
+
+    _with_store(tmp_path, fill, run, options)
+
+
+async def _pages(session: ClientSession, tool: str, **arguments: Any) -> list[list[str]]:
+    """The record ids of each page of ``tool``, following its cursor to the end."""
+    got: list[list[str]] = []
+    after: dict[str, str] = {}
+    while True:
+        page = await _data(session, tool, limit=100, **arguments, **after)
+        got.append([r["id"] for r in page["records"]])
+        if page["next"] is None:
+            return got
+        after = {"after": page["next"]}
+
+
+def test_history_pages_as_list_memories_does(tmp_path: Path) -> None:
+    """history answered every version of a key at once, however many (and the SDK's own
+    client refuses an answer over 1 MiB): now it pages as list_memories does."""
+    options: dict[str, Any] = {}
+    pages: list[list[str]] = []
+
+    def fill(memory: Memory) -> None:
+        options["max_result_bytes"], found = paged_by_bytes(memory, Space("bytes"), key="pages::k")
+        pages.extend(found)
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        assert await _pages(session, "history", key="pages::k", user_id="bytes") == pages
+        first = await _call(session, "history", key="pages::k", user_id="bytes", limit=2)
+        assert f"pass after='{pages[0][1]}'" in _text(first)
+        missing = await session.call_tool("history", {"key": "pages::none", "user_id": "bytes"})
+        assert missing.is_error and missing.structured_content is not None
+        assert missing.structured_content["error"]["code"] == "not_found"
 
     _with_store(tmp_path, fill, run, options)
 

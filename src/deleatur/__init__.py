@@ -3,7 +3,7 @@
 The public surface is re-exported here; everything else is internal.
 """
 
-from .access.audit import AuditEntry
+from .access.audit import AuditEntry, AuditTrail
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .decisions.snapshots import Decision
@@ -46,6 +46,7 @@ __all__ = [
     "AccessDeniedError",
     "AmbiguousSubjectError",
     "AuditEntry",
+    "AuditTrail",
     "AuthenticationError",
     "Capability",
     "Check",

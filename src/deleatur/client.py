@@ -43,7 +43,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .access.audit import AuditEntry
+from .access.audit import AuditEntry, AuditTrail
 from .decisions.snapshots import Decision
 from .erasure.engine import DRY_RUN_FIRST, ErasureResult
 from .erasure.requests import ErasureRequest, check_request_id
@@ -300,8 +300,13 @@ class Client:
         return _stream(fetch, after, limit)
 
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
-        params = {"key": key, **_space(space)}
-        return self._call(lambda d: [Record.from_json(r) for r in d["records"]], "GET", "/v1/history", params=params)
+        """Every version, as the library returns them: the server's pages, followed to the end."""
+
+        def fetch(cursor: str | None, _done: int) -> tuple[builtins.list[Record], str | None]:
+            page = {"key": key, "limit": _PAGE, "after": cursor, **_space(space)}
+            return self._call(_page, "GET", "/v1/history", params=page)
+
+        return builtins.list(_stream(fetch, None, None))
 
     def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
         body = _drop_none({"id": record_id, "key": key, **_space(space)})
@@ -509,21 +514,37 @@ class Client:
     # -- the audit trail --------------------------------------------------------------------
 
     def audit_entries(
-        self, *, start: int = 0, limit: int | None = None, calls_only: bool = False, actor: str | None = None
-    ) -> Iterator[AuditEntry]:
+        self,
+        *,
+        start: int = 0,
+        limit: int | None = None,
+        calls_only: bool = False,
+        actor: str | None = None,
+        scan: int | None = None,
+    ) -> AuditTrail:
         """The audit trail of the key's tenant, oldest first from log index ``start``,
-        streamed as ``list`` streams records. Each page read is itself audited, so the
-        trail grows as it is read; the stream ends at a short page."""
+        streamed as ``list`` streams records, from at most ``scan`` of the log's entries
+        (the server reads a bounded number for each page). Each page read is itself
+        audited, so the trail grows as it is read; the stream ends where the pages end."""
         if limit is not None:
             check_int(limit, "limit", low=1)  # as for list: the pages ask for less
+        if scan is not None:
+            check_int(scan, "scan", low=1)
 
-        def fetch(begin: int, done: int) -> tuple[builtins.list[AuditEntry], int | None]:
-            size = _page_size(limit, done)
-            params = {"start": begin, "limit": size, "calls_only": calls_only, "actor": actor}
-            entries = self._call(_audit_page, "GET", "/v1/audit", params=params)
-            return entries, entries[-1].index + 1 if len(entries) == size else None
+        def read(trail: AuditTrail) -> Iterator[AuditEntry]:
+            def fetch(begin: int, done: int) -> tuple[builtins.list[AuditEntry], int | None]:
+                left = None if scan is None else scan - (begin - start)
+                params = {"start": begin, "limit": _page_size(limit, done), "scan": left}
+                entries, trail.resume = self._call(
+                    _audit_page, "GET", "/v1/audit", params={**params, "calls_only": calls_only, "actor": actor}
+                )
+                # Log indexes run on without a gap: the entries read so far are those before resume.
+                scanned = trail.resume is not None and scan is not None and trail.resume - start >= scan
+                return entries, None if scanned else trail.resume
 
-        return _stream(fetch, start, limit)
+            return _stream(fetch, start, limit)
+
+        return AuditTrail(start, read)
 
     def verify_audit(
         self, *, pinned_keys: builtins.list[Verifier] | None = None, state: Path | None = None, size: int | None = None
@@ -541,8 +562,8 @@ class Client:
         return self._call(Report.from_json, "POST", "/v1/receipts/verify", body=body)
 
 
-def _audit_page(data: Any) -> builtins.list[AuditEntry]:
-    return [AuditEntry.from_json(e) for e in data["entries"]]
+def _audit_page(data: Any) -> tuple[builtins.list[AuditEntry], int | None]:
+    return [AuditEntry.from_json(e) for e in data["entries"]], data["next"]
 
 
 def _asked(basis: str, requester: str | None, confirmation: str | None, require: bool) -> dict[str, Any]:

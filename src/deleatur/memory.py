@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .access import admin, calls
-from .access.audit import AuditEntry
+from .access.audit import AuditTrail
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
@@ -115,6 +115,8 @@ _COMMON_TERM_DOCS = 10_000
 #: A query term found in more records than this counts only in its newest this many.
 _TERM_CANDIDATES = 250
 _MAX_RECALL = 1000
+#: Why :meth:`Memory.history` finds nothing: the servers, which page the versions, say it too.
+NO_SUCH_KEY = "no record with this key in this space"
 #: How many checkpoints back a cosignature given without a size is looked for (one
 #: signature check each): a witness cosigns the checkpoint it was sent, and the log
 #: gets a checkpoint for every 100 ms of writes since.
@@ -926,10 +928,18 @@ class Memory:
 
     @guarded("audit.show", V)
     def audit_entries(
-        self, *, start: int = 0, limit: int | None = None, calls_only: bool = False, actor: str | None = None
-    ) -> Iterator[AuditEntry]:
-        """The audit trail of this tenant, oldest first (see :mod:`deleatur.access.audit`)."""
-        return audit_entries(self, start=start, limit=limit, calls_only=calls_only, actor=actor)
+        self,
+        *,
+        start: int = 0,
+        limit: int | None = None,
+        calls_only: bool = False,
+        actor: str | None = None,
+        scan: int | None = None,
+    ) -> AuditTrail:
+        """The audit trail of this tenant, oldest first (see :mod:`deleatur.access.audit`):
+        at most ``limit`` entries, read from at most ``scan`` of the log's; once read, the
+        trail's ``resume`` says where the log goes on (None: it was read to its end)."""
+        return audit_entries(self, start=start, limit=limit, calls_only=calls_only, actor=actor, scan=scan)
 
     @guarded("audit.verify", V, audit=False)
     def verify_audit(
@@ -1735,7 +1745,7 @@ class Memory:
         check_type(space, Space, "space")
         rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
         if not rows:
-            raise NotFoundError("no record with this key in this space")
+            raise NotFoundError(NO_SUCH_KEY)
         return [self._decrypt(r) for r in rows]
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +83,20 @@ class AuditEntry:
         return cls(data["index"], Entry(EventType(data["type"]), data["time"], fields), data.get("subject_name"))
 
 
+class AuditTrail(Iterator[AuditEntry]):
+    """Audit entries from log index ``start``, read as they are iterated (from the log, or
+    a server's pages: ``read``). Once they are all read, ``resume`` is the log index a
+    later read goes on from (after the last entry read), or None if the log was read to
+    its end."""
+
+    def __init__(self, start: int, read: Callable[[AuditTrail], Iterator[AuditEntry]]) -> None:
+        self.resume: int | None = start
+        self._entries = read(self)
+
+    def __next__(self) -> AuditEntry:
+        return next(self._entries)
+
+
 def entries(
     memory: Memory,
     *,
@@ -90,27 +104,48 @@ def entries(
     limit: int | None = None,
     calls_only: bool = False,
     actor: str | None = None,
-) -> Iterator[AuditEntry]:
+    scan: int | None = None,
+) -> AuditTrail:
     """The entries of the caller's tenant (and the store-wide entries of the log's own)
     that the caller may see, oldest first, from log index ``start``: up to ``limit``
-    of them, however many it skips beyond a scoped caller's scopes. Bad arguments are
-    refused at once."""
+    of them, however many it skips beyond a scoped caller's scopes or the filters, and
+    from no more than ``scan`` of the log's entries (a server's page: a filter that
+    matches few would otherwise read the whole log for one). Bad arguments are refused
+    at once."""
     check_int(start, "start", low=0)
     check_type(calls_only, bool, "calls_only")
     check_optional(actor, str, "actor")
     if limit is not None:
         check_int(limit, "limit", low=1)
-    return _entries(memory, start, limit, calls_only, actor)
+    if scan is not None:
+        check_int(scan, "scan", low=1)
+    return AuditTrail(
+        start,
+        lambda trail: _entries(memory, trail, start=start, limit=limit, calls_only=calls_only, actor=actor, scan=scan),
+    )
 
 
 def _entries(
-    memory: Memory, start: int, limit: int | None, calls_only: bool, actor: str | None
+    memory: Memory,
+    trail: AuditTrail,
+    *,
+    start: int,
+    limit: int | None,
+    calls_only: bool,
+    actor: str | None,
+    scan: int | None,
 ) -> Iterator[AuditEntry]:
     principal = memory.principal
     scoped = None if principal.scopes is None else _ScopedView(memory, principal.scopes)
     may_unseal = scoped is None and Capability.READ in principal.capabilities
-    shown = 0
+    shown = read = 0
     for index, raw, user in memory.backend.log_entries_with_users(memory.tenant, start):
+        # Checked once the next entry is at hand: a read that stops says where the log
+        # goes on, and one that read the last entry says it ended.
+        if (limit is not None and shown >= limit) or (scan is not None and read >= scan):
+            trail.resume = index
+            return
+        read += 1
         if pruned_leaf(raw) is not None:
             continue  # pruned by audit retention: nothing left to show
         entry = Entry.decode(raw)
@@ -131,8 +166,7 @@ def _entries(
             shown_entry = AuditEntry(index, entry, name)
         yield shown_entry
         shown += 1
-        if limit is not None and shown >= limit:
-            return
+    trail.resume = None
 
 
 class _ScopedView:

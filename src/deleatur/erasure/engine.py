@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..access.principals import Role, rescope_erased_user
+from ..access.principals import OPERATOR_ID, Role, rescope_erased_user
 from ..decisions.snapshots import pseudonymize_spaces, summary_key_ref
 from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError, StoreBusyError
@@ -126,11 +126,18 @@ def _token_hash(token: str) -> bytes:
     return hashlib.sha256(b"deleatur/erasure-confirmation/v1\n" + token.encode()).digest()
 
 
-def _confirmed_plan(memory: Memory, plan: ErasurePlan) -> bytes:
+def _confirmed_plan(memory: Memory, plan: ErasurePlan, principal_id: str) -> bytes:
     """What a token confirms: this plan, for this principal. Another principal holding
     the token (an agent handing it to another) cannot spend it. Keyed: the plan names the
     subject, and a plain hash of it, kept in the store, would confirm a guessed name."""
-    return memory.keys.index.ref("confirmed-plan/v2", plan.digest, memory.principal.id)
+    return memory.keys.index.ref("confirmed-plan/v2", plan.digest, principal_id)
+
+
+def _confirmations_of(memory: Memory, plan: ErasurePlan) -> list[bytes]:
+    """What a token of any principal of the tenant, the operator's included, confirms
+    when issued for ``plan``."""
+    ids = [OPERATOR_ID, *(str(row["id"]) for row in memory.backend.principals(memory.tenant))]
+    return [_confirmed_plan(memory, plan, principal_id) for principal_id in ids]
 
 
 def _check_token(memory: Memory, token_hash: bytes, confirmed: bytes | None, request_id: str) -> None:
@@ -323,8 +330,15 @@ def erase(
         if issue_token:
             token = secrets.token_urlsafe(24)
             with memory.backend.atomic():
-                confirmed, expires = _confirmed_plan(memory, plan), memory._clock() + TOKEN_LIFETIME_US
-                memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, expires)
+                now = memory._clock()
+                # Each issue removes the tokens past their time: without it, every dry run
+                # left its row (and its keyed hash of a subject's name) for good.
+                removed = memory.backend.drop_confirmations(now)
+                confirmed = _confirmed_plan(memory, plan, memory.principal.id)
+                memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, now + TOKEN_LIFETIME_US)
+            if removed:
+                # Not waiting for a reader: the mark leaves the -wal to the next scrub or open.
+                memory._scrub(wait=False)
         return _as_shown(memory, ErasureResult(None, plan, token))
 
     # Received when asked, not once the write lock is ours (up to the busy timeout later):
@@ -409,7 +423,7 @@ def erase(
             # confirmed (a later failure rolls the spending back, and the token can
             # confirm the retry). A token for another plan is refused and not spent.
             if token_hash is not None:
-                confirmed = _confirmed_plan(memory, plan)
+                confirmed = _confirmed_plan(memory, plan, memory.principal.id)
                 _check_token(memory, token_hash, confirmed, request_id)
                 spent = confirmed
             if clash is not None:
@@ -440,6 +454,13 @@ def erase(
             doomed_keys = [k for k in wanted if k not in pending]
             others_pending = len(doomed_keys) < len(wanted)
             now = memory._clock()
+            memory.backend.drop_confirmations(now)
+            if plan.total or plan.destroy_keys:
+                # The other tokens of this plan (another principal's, or the caller's from
+                # another dry run) can confirm nothing once what it names is gone, and each
+                # holds a keyed hash of it, the subject's name included: spent, they keep
+                # none, and still repeat this erasure until they expire.
+                memory.backend.spend_confirmations(memory.tenant, _confirmations_of(memory, plan), now)
             redacted = redact_decisions(memory, plan.ids, request_id, now, events)
             moved = rescoped = 0
             if kind is RequestKind.ACCOUNT:

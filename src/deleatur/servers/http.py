@@ -39,12 +39,15 @@ from ..model import Space, SpaceFilter, loads_unique
 from ..sqlitefile import first_try, scrubs_unwaited_during
 from .auth import CHALLENGE, as_caller
 from .calls import (
+    MAX_AUDIT_SCAN,
     MAX_EXPORTS,
     MAX_PAGE,
     MAX_PAGE_BYTES,
     Exports,
+    audit_page,
     check_certificate,
     check_receipt,
+    history_page,
     list_page,
     new_request_id,
     on_behalf,
@@ -454,8 +457,8 @@ def create_app(
     library calls run at once than there are handles (the others wait in the event
     loop, not in threads). Each runs in a worker thread on a leased handle, except
     that with one handle (the default) the memory routes run in the event loop itself
-    (see ``serve``). A page of ``GET /v1/memories`` holds at most ``max_page_bytes``
-    (``calls.list_page``)."""
+    (see ``serve``). A page of ``GET /v1/memories`` or ``/v1/history`` holds at most
+    ``max_page_bytes`` (``calls.list_page``)."""
     pool = HandlePool(open_memory, limit=handles)
     exports = Exports(MAX_EXPORTS)
     workers = anyio.CapacityLimiter(handles)
@@ -734,10 +737,22 @@ def create_app(
         return {"records": [r.to_json() for r in records], "next": cursor}
 
     @app.get("/v1/history", tags=["memories"], responses=_LOOKUP)
-    async def history(key: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        """Every version of a key, oldest first."""
-        records = await serve(lambda m: m.history(key, space=Space(user_id, agent_id, run_id)), inline=True)
-        return {"records": [r.to_json() for r in records]}
+    async def history(
+        key: str,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+        after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
+        user_id: User = "default",
+        agent_id: Agent = "",
+        run_id: Run = "",
+    ) -> dict[str, Any]:
+        """Every version of a key, oldest first, a page at a time as ``GET /v1/memories``
+        pages (``next``, at most ``limit`` records and about 4 MiB of them)."""
+        where = Space(user_id, agent_id, run_id)
+        records, cursor = await serve(
+            lambda m: history_page(m, key=key, space=where, limit=limit, after=after, max_bytes=max_page_bytes),
+            inline=True,
+        )
+        return {"records": [r.to_json() for r in records], "next": cursor}
 
     @app.post("/v1/forget", tags=["memories"], responses=_WRITE)
     async def forget(body: ForgetBody) -> dict[str, Any]:
@@ -989,16 +1004,27 @@ def create_app(
         limit: Limit = 100,
         calls_only: bool = False,
         actor: Annotated[str | None, Query(description="Only this principal's calls.")] = None,
+        scan: Annotated[
+            int | None, Query(ge=1, description="Read at most this many log entries (or the server's most).")
+        ] = None,
     ) -> dict[str, Any]:
         """The audit trail of the caller's tenant, oldest first: every call and every
         write, erasure and export, content-free. A key scoped to users reads only the
-        entries about those users, each subject as a pseudonym of its scopes' own."""
-        entries = await serve(
-            lambda m: [
-                e.to_json() for e in m.audit_entries(start=start, limit=limit, calls_only=calls_only, actor=actor)
-            ]
+        entries about those users, each subject as a pseudonym of its scopes' own. A page
+        reads at most ``scan`` of the log's entries, and never more than 5,000: it may hold
+        fewer than ``limit`` entries, none even, and still have a ``next``, the ``start`` of
+        the following page (null once the log was read to its end)."""
+        entries, cursor = await serve(
+            lambda m: audit_page(
+                m,
+                start=start,
+                limit=limit,
+                calls_only=calls_only,
+                actor=actor,
+                scan=MAX_AUDIT_SCAN if scan is None else min(scan, MAX_AUDIT_SCAN),
+            )
         )
-        return {"entries": entries}
+        return {"entries": entries, "next": cursor}
 
     @app.get("/v1/audit/verify", tags=["audit"], responses=_errors(404, 422))
     async def audit_verify(size: VerifiedSize = None) -> dict[str, Any]:

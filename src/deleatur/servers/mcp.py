@@ -39,6 +39,7 @@ from .calls import (
     Exports,
     check_certificate,
     check_receipt,
+    history_page,
     list_page,
     new_request_id,
     public_key,
@@ -371,9 +372,26 @@ def build_server(
         return call(ctx, run)
 
     @tool(READ_ONLY)
-    def history(ctx: Ctx, key: str, user_id: str = "default", agent_id: str = "", run_id: str = "") -> CallToolResult:
-        """Every version of a key, oldest first."""
-        return call(ctx, lambda m: _records(m.history(key, space=Space(user_id, agent_id, run_id)), ""))
+    def history(
+        ctx: Ctx,
+        key: str,
+        limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = 100,
+        after: str | None = None,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
+    ) -> CallToolResult:
+        """Every version of a key, oldest first, a page at a time as list_memories pages:
+        while more remain the answer's next is a record id, to pass as after."""
+
+        def run(memory: Memory) -> CallToolResult:
+            where = Space(user_id, agent_id, run_id)
+            records, cursor = history_page(
+                memory, key=key, space=where, limit=limit, after=after, max_bytes=max_result_bytes
+            )
+            return _page(records, cursor)
+
+        return call(ctx, run)
 
     @tool(DESTRUCTIVE)
     def rectify(

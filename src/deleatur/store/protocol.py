@@ -192,7 +192,18 @@ class Backend(Protocol):
 
     def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes | None, now: int) -> str | None:
         """Spend a token issued for ``digest``; returns why it is refused, or None. With
-        no ``digest``, only check that the tenant issued it and it has not expired."""
+        no ``digest``, only check that the tenant issued it and it has not expired. A
+        spent token keeps no digest: none is compared with it again."""
+        ...
+
+    def spend_confirmations(self, tenant: str, digests: Sequence[bytes], now: int) -> None:
+        """Inside ``atomic``: spend, as :meth:`use_confirmation` does, the tenant's unspent
+        tokens issued for any of ``digests``."""
+        ...
+
+    def drop_confirmations(self, now: int) -> bool:
+        """Inside ``atomic``: remove every tenant's tokens expired by ``now``; whether any
+        went. If any did, the store is marked for a scrub (see :meth:`scrub_after_commit`)."""
         ...
 
     # -- restriction (Art. 18) ----------------------------------------------------

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -21,6 +21,7 @@ from ..sqlitefile import connect, data_version, immediate, scrub, sidecar_files
 from .protocol import LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
+V = TypeVar("V")
 _COLUMNS = (
     "id, tenant, user_id, agent_id, run_id, subject_ref, key_ref, key_id, status,"
     " supersedes, confidence, created_at, updated_at, expires_at, ciphertext"
@@ -79,6 +80,10 @@ _B = 0.75
 _BM25 = "deleatur_bm25"
 #: The meta key of a removal committed but not yet scrubbed from the -wal.
 _SCRUB_PENDING = "scrub_pending"
+#: Spends confirmation tokens. The digest goes too: a keyed hash over the plan, the
+#: subject's name among the rest, it is never compared again, and the row stays until it
+#: expires, to let the erasure be repeated.
+_SPEND = "UPDATE erasure_confirmations SET used_at = ?, plan_digest = x''"
 #: The meta key of the unused data keys committed for destruction (a JSON list of hex ids).
 _KEYS_COLLECTING = "keys_collecting"
 
@@ -151,9 +156,9 @@ def _equal_where_given(pairs: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]
     return "".join(f" AND {column} = ?" for column, _ in given), [value for _, value in given]
 
 
-def _chunks(ids: Iterable[str]) -> Iterator[list[str]]:
-    """``ids`` in lists short enough to bind in one IN (...)."""
-    wanted = list(dict.fromkeys(ids))
+def _chunks(values: Iterable[V]) -> Iterator[list[V]]:
+    """``values``, each once, in lists short enough to bind in one IN (...)."""
+    wanted = list(dict.fromkeys(values))
     for start in range(0, len(wanted), 500):
         yield wanted[start : start + 500]
 
@@ -651,8 +656,25 @@ class SQLiteBackend:
             return "confirmation token already used"
         if bytes(row[0]) != digest:
             return "confirmation token was issued for a different erasure (the blast radius changed) or caller"
-        self._conn.execute("UPDATE erasure_confirmations SET used_at = ? WHERE token_hash = ?", (now, token_hash))
+        self._conn.execute(_SPEND + " WHERE token_hash = ?", (now, token_hash))
         return None
+
+    def spend_confirmations(self, tenant: str, digests: Sequence[bytes], now: int) -> None:
+        for chunk in _chunks(digests):
+            self._conn.execute(
+                _SPEND + f" WHERE tenant = ? AND used_at IS NULL AND plan_digest IN ({', '.join('?' * len(chunk))})",
+                (now, tenant, *chunk),
+            )
+
+    def drop_confirmations(self, now: int) -> bool:
+        # No index on expires_at: the table holds only the tokens of one lifetime, as
+        # every issue removes those past theirs.
+        removed = self._conn.execute(
+            "DELETE FROM erasure_confirmations WHERE expires_at < ? RETURNING 1", (now,)
+        ).fetchall()
+        if removed:
+            self.scrub_after_commit()
+        return bool(removed)
 
     def put_restriction(self, row: Mapping[str, Any]) -> None:
         self._conn.execute(
