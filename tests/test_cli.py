@@ -158,6 +158,7 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
         (("--tenant", "", "recall", "x"), None, "tenant must not be empty"),
         (("remember", "t", "-s", "a", "--metadata", "[" * 5000 + "]" * 5000), None, "nested more than 32 levels"),
+        (("remember", "t", "-s", "a", "--metadata", '{"n": ' + "7" * 5000 + "}"), None, "integer of more than"),
         (("list", "--limit", str(2**63)), None, "limit must be an integer from 1 to"),
         (("audit", "show", "--from", str(10**20)), None, "start must be an integer from 0 to"),
         (("audit", "verify", "--state", "/no-such-dir/x.state"), None, "no directory /no-such-dir"),
@@ -170,6 +171,14 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("erase-all", "--request-id", "X", "--basis", "b"), None, "Missing option '--user'"),
         (("principals", "create", "x", "--role", "superuser"), None, "'superuser' is not one of 'admin'"),
         (("recall", "x", "--limit", "many"), None, "Invalid value for '--limit'"),
+        # A port out of range was an OverflowError from the socket: "internal error", exit 1.
+        (
+            ("serve", "http", "--port", "99999"),
+            None,
+            "Invalid value for '--port': 99999 is not a port: give one from 0 to 65535",
+        ),
+        (("serve", "http", "--port", "-1"), None, "Invalid value for '--port': -1 is not a port"),
+        (("serve", "mcp", "--transport", "http", "--port", "70000"), None, "'--port': 70000 is not a port"),
         (("nonesuch",), None, "No such command 'nonesuch'"),
         # A negative number is a number, refused by the command's own check, not an unknown option.
         (("retention", "set", "run", "-1"), None, "a retention period must be a positive number of days"),

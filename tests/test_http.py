@@ -9,6 +9,7 @@ import itertools
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -367,6 +368,94 @@ def test_bodies_refuse_repeated_keys(base_url: str, admin: dict[str, str]) -> No
     assert httpx.get(f"{base_url}/v1/memories", params=space, headers=admin).json()["records"] == []
     fine = b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1}, "b": 2}}'
     assert httpx.post(f"{base_url}/v1/memories", content=fine, headers=json_body).status_code == 201
+
+
+def test_query_parameters_a_route_does_not_take_are_refused_and_nothing_done(
+    base_url: str, admin: dict[str, str]
+) -> None:
+    """Ignored, an unsupported or misspelt query parameter ran the call without it: a
+    `dry_run` erased for real, `user` (for user_id) erased in every user, `user_id` on a
+    POST wrote into the default space (the space is in the body)."""
+    records = {"Hank Hill": "q-a", "Ivan Petrov": "q-b"}
+    for subject, user in records.items():
+        posted = httpx.post(
+            f"{base_url}/v1/memories", json={"text": "t", "subject": subject, "user_id": user}, headers=admin
+        )
+        assert posted.status_code == 201
+    refused = {
+        ("DELETE", "/v1/subjects/Hank%20Hill?basis=x&dry_run=true"): "query.dry_run",
+        ("DELETE", "/v1/subjects/Ivan%20Petrov?basis=x&user=q-a"): "query.user",
+        ("DELETE", "/v1/users/q-a?agent=a&basis=x"): "query.agent",
+        ("POST", "/v1/memories?user_id=q-a"): "query.user_id",
+    }
+    for (method, path), named in refused.items():
+        reply = httpx.request(method, f"{base_url}{path}", json={"text": "new", "subject": "Hank Hill"}, headers=admin)
+        assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), path
+        assert reply.json()["error"]["message"] == f"{named}: Extra inputs are not permitted", path
+    several = httpx.delete(f"{base_url}/v1/users/q-b?agent=a&run=r&agent=b", headers=admin)
+    said = "query.agent: Extra inputs are not permitted; query.run: Extra inputs are not permitted"
+    assert several.json()["error"]["message"] == said
+    for subject, user in [*records.items(), ("Hank Hill", "default")]:
+        held = httpx.get(f"{base_url}/v1/memories", params={"user_id": user, "subject": subject}, headers=admin)
+        assert len(held.json()["records"]) == (user != "default"), (subject, user)
+
+
+def test_every_route_refuses_a_query_parameter_it_does_not_take(base_url: str, admin: dict[str, str]) -> None:
+    """Derived from each route's declared parameters, not listed: the OpenAPI document's
+    routes all refuse one they do not declare, and take every one they do."""
+    spec = httpx.get(f"{base_url}/openapi.json").json()
+    for template, operations in spec["paths"].items():
+        path = re.sub(r"\{[^}]*\}", "no-one", template)
+        for method, operation in operations.items():
+            reply = httpx.request(method, f"{base_url}{path}?no_such=1", json={}, headers=admin)
+            assert reply.status_code == 422, (method, template, reply.text)
+            assert reply.json()["error"]["message"] == "query.no_such: Extra inputs are not permitted", template
+            declared = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+            every = "&".join(f"{name}=1" for name in [*declared, "no_such"])
+            reply = httpx.request(method, f"{base_url}{path}?{every}", json={}, headers=admin)
+            unknown = re.findall(r"query\.(\w+): Extra inputs", reply.json()["error"]["message"])
+            assert unknown == ["no_such"], (method, template, reply.text)
+    # The document itself is no API route: it takes what a browser adds.
+    assert httpx.get(f"{base_url}/openapi.json?v=2").status_code == 200
+
+
+def test_a_url_not_utf8_once_percent_decoded_is_refused_and_nothing_done(base_url: str, admin: dict[str, str]) -> None:
+    """The server decodes bad bytes to U+FFFD: a Latin-1 client's "Jos%E9" erased a
+    subject that has no record, certified that nothing was held, and left José's."""
+    space = {"user_id": "latin-1"}
+    posted = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "José", **space}, headers=admin)
+    assert posted.status_code == 201
+
+    def erasures() -> list[str]:
+        listed = httpx.get(f"{base_url}/v1/erasures", params={"limit": 1000}, headers=admin).json()
+        return [r["id"] for r in listed["requests"]]
+
+    before = erasures()
+    not_utf8 = "not valid UTF-8 once percent-decoded"
+    refused = {
+        ("DELETE", "/v1/subjects/Jos%E9?basis=x"): f"path: {not_utf8}",
+        ("DELETE", "/v1/subjects/Jos%C3%A9?basis=x&requester=%ED%A0%80"): f"query.requester: {not_utf8}",  # a surrogate
+        ("DELETE", "/v1/restrictions/Jos%ED%A0%80"): f"path: {not_utf8}",
+        ("GET", "/v1/export?subject=%ED%A0%80"): f"query.subject: {not_utf8}",
+        ("GET", "/v1/memories?user_id=latin-1&subject=Jos%E9"): f"query.subject: {not_utf8}",
+        ("GET", "/v1/memories?user_id=latin-1&Jos%E9=1"): f"query: a parameter name is {not_utf8}",
+    }
+    for (method, path), said in refused.items():
+        reply = httpx.request(method, f"{base_url}{path}", headers=admin)
+        assert (reply.status_code, reply.json()["error"]) == (422, {"code": "invalid_request", "message": said}), path
+    assert erasures() == before  # none was recorded, not even one that found nothing
+    held = httpx.get(f"{base_url}/v1/memories", params={**space, "subject": "José"}, headers=admin)
+    assert len(held.json()["records"]) == 1
+    erased = httpx.delete(f"{base_url}/v1/subjects/Jos%C3%A9?basis=x&user_id=latin-1", headers=admin)
+    assert (erased.status_code, erased.json()["counts"]["records"]) == (202, 1)
+
+
+def test_a_number_past_pythons_digit_limit_is_named(base_url: str, admin: dict[str, str]) -> None:
+    """It was "not UTF-8, or nested too deeply", neither of which it is."""
+    body = b'{"text": "t", "subject": "s", "metadata": {"n": ' + b"7" * 5000 + b"}}"
+    reply = httpx.post(f"{base_url}/v1/memories", content=body, headers={**admin, "Content-Type": "application/json"})
+    said = f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits"
+    assert (reply.status_code, reply.json()["error"]) == (422, {"code": "invalid_request", "message": said})
 
 
 def test_client_errors_are_deleatur_errors(client: Client) -> None:

@@ -80,6 +80,8 @@ def test_every_error_answer_is_documented_as_it_is(tmp_path: Path) -> None:
             ("GET", "/v1/memories/{record_id}", f"/v1/memories/{unknown}", {"headers": admin}, 404),
             ("GET", "/v1/memories/{record_id}", "/v1/memories/nope", {"headers": admin}, 422),
             ("POST", "/v1/memories", "/v1/memories", {"headers": admin, "json": {"text": 1}}, 422),
+            # Every route may answer 422, for a query parameter it does not take.
+            ("GET", "/v1/whoami", "/v1/whoami", {"headers": admin, "params": {"verbose": "1"}}, 422),
             ("POST", "/v1/memories", "/v1/memories", {"headers": admin, "json": {"text": "t" * 5000}}, 413),
             (
                 "DELETE",

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sys
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -255,7 +256,8 @@ def _depth(value: Any) -> int:
 def loads_unique(raw: str | bytes, what: str) -> Any:
     """JSON text parsed like ``json.loads``, but an object anywhere in it that repeats a
     key is refused, naming the key: json.loads keeps the last value silently, and the
-    writer meant one of them. Malformed JSON raises what json.loads raises."""
+    writer meant one of them. So is an integer of more digits than Python converts
+    (``sys.get_int_max_str_digits``). Malformed JSON raises what json.loads raises."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -265,7 +267,15 @@ def loads_unique(raw: str | bytes, what: str) -> Any:
             out[key] = value
         return out
 
-    return json.loads(raw, object_pairs_hook=unique)
+    try:
+        return json.loads(raw, object_pairs_hook=unique)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError:
+        # The one other ValueError of json.loads: int()'s limit, which spares it a
+        # conversion that takes time quadratic in the digits.
+        limit = sys.get_int_max_str_digits()
+        raise InvalidInputError(f"{what} holds an integer of more than {limit} digits") from None
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:

@@ -30,7 +30,16 @@ serve_app = typer.Typer(help="Serve the store over HTTP or MCP.", no_args_is_hel
 app.add_typer(serve_app, name="serve")
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.")]
-PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+
+
+def _port(port: int) -> int:
+    # Checked here: the socket's own refusal of one out of range is an OverflowError.
+    if not 0 <= port <= 65535:
+        raise typer.BadParameter(f"{port} is not a port: give one from 0 to 65535 (0: any free one)")
+    return port
+
+
+PortOpt = Annotated[int, typer.Option("--port", callback=_port, help="Port to listen on (0: any free one).")]
 
 
 class Transport(StrEnum):

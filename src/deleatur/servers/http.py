@@ -11,15 +11,17 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -119,7 +121,8 @@ _WHY = {
     409: "The store's state refuses it (`subject_restricted`, `ambiguous_subject`, `request_id_reused`, `log_error`).",
     410: "The subject's data key was destroyed meanwhile (`data_key_destroyed`).",
     413: "The body is over the server's limit (`body_too_large`).",
-    422: "Bad input: refused by the library (`invalid_input`, ...) or a malformed request (`invalid_request`).",
+    422: "Bad input: refused by the library (`invalid_input`, ...) or a malformed request (`invalid_request`):"
+    " a field or query parameter the route does not take, a path or query value not UTF-8 once percent-decoded.",
     428: "This caller must confirm the erasure with a dry run's token (`confirmation_required`).",
     500: "An internal failure (`integrity_error`, `key_store_error`, `internal`).",
     503: "The store, its keys or the server cannot take the call now (`store_unavailable`, `key_store_busy`, `busy`).",
@@ -132,12 +135,13 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 # What a route can answer besides success, by what it does; every route may also
-# answer 401, 403, 500 and 503 (given to the app as a whole).
-_READ = _errors(410, 422)
-_LOOKUP = _errors(404, 410, 422)
-_WRITE = _errors(404, 409, 410, 413, 422)
-_CHECK = _errors(413, 422)
-_ERASE = _errors(409, 413, 422, 428)
+# answer 401, 403, 422 (if only for a query parameter it does not take), 500 and 503
+# (given to the app as a whole).
+_READ = _errors(410)
+_LOOKUP = _errors(404, 410)
+_WRITE = _errors(404, 409, 410, 413)
+_CHECK = _errors(413)
+_ERASE = _errors(409, 413, 428)
 
 
 class _Rest(PathConvertor):
@@ -273,13 +277,64 @@ class _Refused:
     patient: bool  # it must be made where it may wait long, not tried again later
 
 
+def _query_names(dependant: Dependant) -> Iterator[str]:
+    """The query parameters a route takes: its own and its dependencies'."""
+    yield from (field.alias for field in dependant.query_params)
+    for sub in dependant.dependencies:
+        yield from _query_names(sub)
+
+
+def _utf8(encoded: bytes) -> str | None:
+    """The text of ``encoded``, or None if it is not UTF-8 (a surrogate encoded in UTF-8
+    included: Python's decoder refuses it)."""
+    try:
+        return encoded.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _url_errors(scope: Scope, known: frozenset[str]) -> list[dict[str, Any]]:
+    """What a route would misread in the request's URL, as validation errors: a path or
+    a query parameter whose percent-decoding is not UTF-8 (the server decodes it with
+    U+FFFD in place of the bad bytes, so an erasure would name another subject), and a
+    query parameter the route does not take (ignored, a misspelt ``user_id`` would erase
+    in every user, an unsupported ``dry_run`` would erase for real)."""
+    not_utf8 = "not valid UTF-8 once percent-decoded"
+    errors: list[dict[str, Any]] = []
+    raw_path = scope.get("raw_path")  # optional in ASGI; uvicorn always gives it
+    if raw_path is not None and _utf8(unquote_to_bytes(raw_path)) is None:
+        errors.append({"type": "utf8", "loc": ("path",), "msg": not_utf8})
+    unknown: dict[str, None] = {}  # each named once, in the order given
+    # Split as Starlette splits it, but decoded as Latin-1, which keeps every byte.
+    for raw_name, raw_value in parse_qsl(
+        scope["query_string"].decode("latin-1"), keep_blank_values=True, encoding="latin-1"
+    ):
+        name = _utf8(raw_name.encode("latin-1"))
+        if name is None:
+            errors.append({"type": "utf8", "loc": ("query",), "msg": f"a parameter name is {not_utf8}"})
+            continue
+        if _utf8(raw_value.encode("latin-1")) is None:
+            errors.append({"type": "utf8", "loc": ("query", name), "msg": not_utf8})
+        if name not in known:
+            unknown[name] = None
+    errors += [
+        {"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not permitted"} for name in unknown
+    ]
+    return errors
+
+
 class _Route(APIRoute):
-    """Every route reads its body as a :class:`_Request`."""
+    """Every route refuses a URL it would misread (:func:`_url_errors`) before it runs,
+    and reads its body as a :class:`_Request`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
+        known = frozenset(_query_names(self.dependant))
 
         async def strict(request: Request) -> Response:
+            errors = _url_errors(request.scope, known)
+            if errors:
+                raise RequestValidationError(errors)
             return await handle(_Request(request.scope, request.receive))
 
         return strict
@@ -474,7 +529,7 @@ def create_app(
         description="Agent memory with every GDPR data-subject right built in.",
         lifespan=lifespan,
         dependencies=[Depends(_authenticated)],
-        responses=_errors(401, 403, 500, 503),
+        responses=_errors(401, 403, 422, 500, 503),
     )
     app.router.route_class = _Route
     app.state.pool = pool
@@ -694,7 +749,7 @@ def create_app(
         """Full-text search over the active memories of one space, best first."""
         return await search(q, Space(user_id, agent_id, run_id), limit)
 
-    @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413, 422))
+    @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413))
     async def recall_posted(body: SearchBody) -> dict[str, Any]:
         """The same search, its query in the body: the library takes a query of any
         length (it uses its first words), and a URL cannot carry one over 64 KiB. It also
@@ -774,7 +829,7 @@ def create_app(
             ).to_json()
         )
 
-    @app.get("/v1/memories/{record_id}/receipt", tags=["log"], responses=_errors(404, 409, 422))
+    @app.get("/v1/memories/{record_id}/receipt", tags=["log"], responses=_errors(404, 409))
     async def receipt(
         record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = ""
     ) -> dict[str, Any]:
@@ -872,7 +927,7 @@ def create_app(
             )
         return result.to_json(system_clock())
 
-    @app.get("/v1/erasures", tags=["erasure"], responses=_errors(422))
+    @app.get("/v1/erasures", tags=["erasure"])
     async def erasures(
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         after: Annotated[str | None, Query(description="The previous page's `next`.")] = None,
@@ -885,13 +940,13 @@ def create_app(
         following = found[limit - 1].id if len(found) > limit else None
         return {"requests": [r.to_json(now) for r in found[:limit]], "next": following}
 
-    @app.get("/v1/erasures/{request_id}", tags=["erasure"], responses=_errors(404, 422))
+    @app.get("/v1/erasures/{request_id}", tags=["erasure"], responses=_errors(404))
     async def erasure_status(request_id: str) -> dict[str, Any]:
         """A request's status and phases, with timestamps."""
         found = await serve(lambda m: m.erasure_request(request_id))
         return {"request_id": found.id, **found.to_json(system_clock())}
 
-    @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"], responses=_errors(404, 409, 422))
+    @app.get("/v1/erasures/{request_id}/certificate", tags=["erasure"], responses=_errors(404, 409))
     async def erasure_certificate(request_id: str) -> dict[str, Any]:
         """The signed erasure certificate, verifiable offline with the public key alone."""
         return await serve(lambda m: m.certificate(request_id))
@@ -962,7 +1017,7 @@ def create_app(
     async def restrictions() -> dict[str, Any]:
         return {"restrictions": [r.to_json() for r in await serve(lambda m: m.restrictions())]}
 
-    @app.delete("/v1/restrictions/{subject:rest}", tags=["rights"], responses=_errors(404, 422))
+    @app.delete("/v1/restrictions/{subject:rest}", tags=["rights"], responses=_errors(404))
     async def unrestrict(
         subject: str,
         actor: Annotated[
@@ -990,7 +1045,7 @@ def create_app(
         """The log's current verifier key, to give to verifiers out of band."""
         return await serve(public_key)
 
-    @app.get("/v1/checkpoint", tags=["log"], responses=_errors(404, 409, 422))
+    @app.get("/v1/checkpoint", tags=["log"], responses=_errors(404, 409))
     async def checkpoint(
         size: Annotated[int | None, Query(ge=0, description="A stored checkpoint's tree size.")] = None,
     ) -> dict[str, Any]:
@@ -998,7 +1053,7 @@ def create_app(
         with any witness cosignatures."""
         return {"checkpoint": await serve(lambda m: m.checkpoint(size=size).format())}
 
-    @app.get("/v1/audit", tags=["audit"], responses=_errors(422))
+    @app.get("/v1/audit", tags=["audit"])
     async def audit(
         start: Annotated[int, Query(ge=0, le=2**62)] = 0,
         limit: Limit = 100,
@@ -1026,7 +1081,7 @@ def create_app(
         )
         return {"entries": entries, "next": cursor}
 
-    @app.get("/v1/audit/verify", tags=["audit"], responses=_errors(404, 422))
+    @app.get("/v1/audit/verify", tags=["audit"], responses=_errors(404))
     async def audit_verify(size: VerifiedSize = None) -> dict[str, Any]:
         """Verify the whole audit trail (the log's Merkle tree and every checkpoint)."""
         return await verified(lambda m, at: m.verify_audit(size=at), size)
@@ -1036,7 +1091,7 @@ def create_app(
         """The principal of the API key: role, capabilities, scopes."""
         return await serve(lambda m: m.principal.describe())
 
-    @app.get("/v1/log/verify", tags=["log"], responses=_errors(404, 422))
+    @app.get("/v1/log/verify", tags=["log"], responses=_errors(404))
     async def log_verify(size: VerifiedSize = None) -> dict[str, Any]:
         """Re-derive the whole log and check every checkpoint."""
         return await verified(lambda m, at: m.verify_log(size=at), size)
