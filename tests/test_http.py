@@ -33,6 +33,7 @@ from deleatur import (
     NotFoundError,
     Role,
     Status,
+    from_bytes,
 )
 from deleatur.access.principals import split_api_key
 from deleatur.client import Client
@@ -45,6 +46,7 @@ from deleatur.model import Space, SpaceFilter
 from deleatur.servers.calls import MAX_AUDIT_SCAN, MAX_EXPORTS
 from deleatur.servers.errors import ERROR_CODES
 from deleatur.servers.http import create_app
+from deleatur.servers.pool import HandlePool
 from deleatur.store.evidence import StoreEvidence
 from deleatur.store.sqlite import SQLiteBackend
 
@@ -547,6 +549,39 @@ def test_a_long_verification_holds_up_no_other_request(tmp_path: Path, monkeypat
         assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
 
 
+def _ciphertext(store: Path, record_id: str) -> bytes:
+    """A record's ciphertext as the store's file holds it."""
+    reader = apsw.Connection(str(store), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        ((ciphertext,),) = reader.execute("SELECT ciphertext FROM records WHERE id = ?", (record_id,))
+    finally:
+        reader.close()
+    assert isinstance(ciphertext, bytes)
+    return ciphertext
+
+
+def _holding(store: Path, data: bytes) -> list[str]:
+    """The files of the store (its -wal, the key store's included) in which ``data`` is."""
+    return [p.name for p in store_files(store) if data in p.read_bytes()]
+
+
+def _erased_during_a_long_read(http: httpx.Client, subject: str, request_id: str) -> None:
+    """Erase ``subject`` while a long read of the server's holds the -wal: the erasure
+    answers without waiting for the read, saying the -wal was not truncated, and another
+    request is answered after it."""
+    erased: list[httpx.Response] = []
+    eraser = threading.Thread(
+        target=lambda: erased.append(http.delete(f"/v1/subjects/{subject}", headers={"Idempotency-Key": request_id})),
+        daemon=True,  # if it waits for the read, it ends with it
+    )
+    eraser.start()
+    eraser.join(timeout=30)
+    assert erased, "the erasure waited for the long read"
+    assert erased[0].status_code == 202
+    assert erased[0].json()["counts"]["wal_not_truncated"] == 1
+    assert http.get("/v1/whoami").status_code == 200
+
+
 def test_an_erasure_during_a_verification_waits_not_for_it_and_is_gone_once_it_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -567,38 +602,24 @@ def test_an_erasure_during_a_verification_waits_not_for_it_and_is_gone_once_it_e
         assert release.wait(timeout=60)
         return real(self, *args, **kwargs)
 
-    def on_disk(data: bytes) -> list[str]:
-        return [p.name for p in store_files(tmp_path / "mem.db") if data in p.read_bytes()]
-
     monkeypatch.setattr(Memory, "verify_log", slow)
+    store = tmp_path / "mem.db"
     with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         record = http.post("/v1/memories", json={"text": "qzverifysecret", "subject": "Alice"}).json()
-        reader = apsw.Connection(str(tmp_path / "mem.db"), flags=apsw.SQLITE_OPEN_READONLY)
-        ((ciphertext,),) = reader.execute("SELECT ciphertext FROM records WHERE id = ?", (record["id"],))
-        reader.close()
-        assert isinstance(ciphertext, bytes) and on_disk(ciphertext)
+        ciphertext = _ciphertext(store, record["id"])
+        assert _holding(store, ciphertext)
         verified: list[httpx.Response] = []
         verifier = threading.Thread(target=lambda: verified.append(http.get("/v1/log/verify")))
         verifier.start()
         try:
             assert entered.wait(timeout=30)
-            erased: list[httpx.Response] = []
-            eraser = threading.Thread(
-                target=lambda: erased.append(http.delete("/v1/subjects/Alice", headers={"Idempotency-Key": "R1"}))
-            )
-            eraser.start()
-            eraser.join(timeout=30)
-            assert erased, "the erasure waited for the verification's snapshot"
-            assert erased[0].status_code == 202
-            assert erased[0].json()["counts"]["wal_not_truncated"] == 1
-            assert on_disk(ciphertext)  # the snapshot still holds its -wal
-            assert http.get("/v1/whoami").status_code == 200
+            _erased_during_a_long_read(http, "Alice", "R1")
+            assert _holding(store, ciphertext)  # the snapshot still holds its -wal
         finally:
             release.set()
             verifier.join(timeout=60)
-            eraser.join(timeout=60)
         assert [v.status_code for v in verified] == [200] and verified[0].json()["verdict"] == "PASS"
-        assert on_disk(ciphertext) == []
+        assert _holding(store, ciphertext) == []
         assert "wal_not_truncated" not in http.get("/v1/erasures/R1").json()["counts"]
 
 
@@ -789,6 +810,33 @@ def test_verifications_beside_busy_writers_pass(tmp_path: Path) -> None:
             for thread in writers:
                 thread.join(timeout=30)
     assert verdicts == ["PASS"] * 10
+
+
+def test_a_verification_covers_what_every_handle_of_the_server_appended(tmp_path: Path) -> None:
+    """With several handles, the verification had only the one it leased sign what it
+    had appended: when that one had nothing unsigned, the entries another had appended
+    within its checkpoint interval failed the coverage check. Every handle signs its own
+    now, and appends nothing more until the verification's snapshot has begun."""
+    path = tmp_path / "mem.db"
+    new_store(path)
+
+    def opener() -> Memory:
+        # A handle signs its first write at once, then none until the interval has passed.
+        return Memory.open(path, from_bytes(MASTER), checkpoint_interval_us=10**15)
+
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    app = create_app(opener, handles=2)
+    with serving(app) as url, httpx.Client(base_url=url, headers=auditor, timeout=60) as http:
+        pool: HandlePool = app.state.pool
+        with pool.lease() as first, pool.lease() as second:  # as two requests at once would
+            first.remember("signed", subject="a")
+            second.remember("signed", subject="a")
+            second.remember("unsigned", subject="a")
+        # The pool lends first the handle given back last: the verification's call gets
+        # `first`, which has nothing to sign.
+        assert pool.size == 2
+        verdicts = [http.get(route).json()["verdict"] for route in ("/v1/log/verify", "/v1/audit/verify")]
+    assert verdicts == ["PASS", "PASS"]
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(
@@ -1150,11 +1198,94 @@ def test_calls_during_an_export_are_not_frozen(big_store: Callable[[], Memory]) 
         reader.start()
         assert started.wait(30)
         t0 = time.monotonic()
-        remote.forget(record_id=target.id, space=Space("u2"))  # its WAL checkpoint waits for the export
+        remote.forget(record_id=target.id, space=Space("u2"))  # its scrub waits not for the export's read
         assert time.monotonic() - t0 < 10
         reader.join(60)
         assert not reader.is_alive()
         assert json.loads(b"".join(received))["counts"]["records"] == 10_000
+
+
+def test_an_erasure_during_an_export_waits_not_for_it_and_is_gone_once_it_ends(
+    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure's scrub waited for the read of an export its client was slow to take,
+    holding the shared handle (and with one handle every request queued behind it) until
+    the export ended. It answers at once now, its request saying the -wal was not
+    truncated, and the export truncates it as it ends: no byte of the erased record is
+    left anywhere once the client has the whole export."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a scrub that waits outlasts the test
+    with big_store() as memory:
+        store = memory.backend.files()[0]
+    headers = {"Authorization": f"Bearer {api_key(big_store, Role.ADMIN)}"}
+    with (
+        serving(create_app(big_store)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=60) as http,
+        http.stream("GET", "/v1/export", params={"user_id": "u1"}) as export,
+    ):
+        record = http.post("/v1/memories", json={"text": "qzexportsecret", "subject": "Zed", "user_id": "u3"}).json()
+        ciphertext = _ciphertext(store, record["id"])
+        assert export.status_code == 200  # begun, its records read as the client takes them
+        try:
+            _erased_during_a_long_read(http, "Zed", "EXPORTING")
+            assert _holding(store, ciphertext)  # the export's read still holds its -wal
+        finally:
+            whole = json.loads(export.read())
+        assert whole["counts"]["records"] == 10_000
+        assert _holding(store, ciphertext) == []
+        assert "wal_not_truncated" not in http.get("/v1/erasures/EXPORTING").json()["counts"]
+
+
+def test_an_export_failing_after_an_erasure_still_truncates_the_wal(
+    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export that fails midway has ended its read of the store as it fails, though
+    its error, kept to cut the response short, holds the frames it failed in: the -wal
+    an erasure made meanwhile could not truncate is truncated before the response ends."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a scrub that waits outlasts the test
+    with big_store() as memory:
+        store = memory.backend.files()[0]
+    admin_key = api_key(big_store, Role.ADMIN)
+    decrypt = Memory._decrypt
+    calls = itertools.count()
+    entered, release = threading.Event(), threading.Event()
+
+    def failing(self: Memory, row: Any) -> Any:
+        if next(calls) == 600:  # in the second batch: the read of the records is under way
+            entered.set()
+            assert release.wait(timeout=60)
+            raise IntegrityError("stored bytes fail authentication")
+        return decrypt(self, row)
+
+    with (
+        serving(create_app(big_store)) as url,
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60) as http,
+        Client(url, api_key=admin_key) as remote,
+    ):
+        record = http.post("/v1/memories", json={"text": "qzfailedexport", "subject": "Yan", "user_id": "u3"}).json()
+        ciphertext = _ciphertext(store, record["id"])
+        monkeypatch.setattr(Memory, "_decrypt", failing)
+        cut: list[DeleaturError] = []
+
+        def export() -> None:
+            with pytest.raises(DeleaturError, match="cut short") as failed:
+                remote.export_json(io.StringIO(), user_id="u1")
+            cut.append(failed.value)
+
+        exporter = threading.Thread(target=export)
+        exporter.start()
+        try:
+            assert entered.wait(timeout=30)
+            _erased_during_a_long_read(http, "Yan", "FAILING")
+        finally:
+            release.set()
+            exporter.join(timeout=60)
+        assert len(cut) == 1
+        assert _holding(store, ciphertext) == []
+        assert "wal_not_truncated" not in http.get("/v1/erasures/FAILING").json()["counts"]
 
 
 def test_exports_beyond_the_limit_get_503(big_store: Callable[[], Memory]) -> None:

@@ -242,12 +242,13 @@ _LONG_READ: ContextVar[Callable[[], bool] | None] = ContextVar("deleatur_long_re
 @contextmanager
 def scrubs_unwaited_during(long_read: Callable[[], bool]) -> Iterator[None]:
     """Within the block, a :func:`scrub` made while ``long_read()`` is true waits for no
-    reader. A long read that the caller knows of (a server verifying its whole log on a
-    handle of its own) keeps the -wal from being truncated for as long as it lasts, and
-    waiting for it would hold up every call queued behind this one. Such a scrub fails as
-    one does when a reader outlasts its wait: the removal's mark stays, and whoever ends
-    the read truncates the -wal then (``Memory.finish_scrub``). Asked at each scrub, so a
-    call that began during the read waits as usual for a scrub made after it."""
+    reader. A long read that the caller knows of (a server verifying its whole log, or
+    streaming an export to a slow client, on a handle of its own) keeps the -wal from
+    being truncated for as long as it lasts, and waiting for it would hold up every call
+    queued behind this one. Such a scrub fails as one does when a reader outlasts its
+    wait: the removal's mark stays, and whoever ends the read truncates the -wal then
+    (``Memory.finish_scrub``). Asked at each scrub, so a call that began during the read
+    waits as usual for a scrub made after it."""
     token = _LONG_READ.set(long_read)
     try:
         yield

@@ -39,8 +39,8 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -139,16 +139,20 @@ class _Export:
     def scope_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "user_id": self.scope.user_id}
 
-    def batches(self) -> Iterator[list[tuple[Record, list[dict[str, Any]]]]]:
-        rows = self.memory.backend.select_any(self.memory.tenant, self.scope, subject_ref=self.ref)
-        batch: list[StoredRow] = []
-        for row in rows:
-            batch.append(row)
-            if len(batch) == _BATCH:
+    def batches(self) -> Generator[list[tuple[Record, list[dict[str, Any]]]], None, None]:
+        """The records, a batch at a time, read as they go: the read of the store lasts
+        until the last batch, or until the generator is closed. Callers close it even when
+        they fail: a failure's traceback, kept to report it, would keep the read open, and
+        with it the -wal that a removal must truncate."""
+        with closing(self.memory.backend.select_any(self.memory.tenant, self.scope, subject_ref=self.ref)) as rows:
+            batch: list[StoredRow] = []
+            for row in rows:
+                batch.append(row)
+                if len(batch) == _BATCH:
+                    yield self._decrypted(batch)
+                    batch = []
+            if batch:
                 yield self._decrypted(batch)
-                batch = []
-        if batch:
-            yield self._decrypted(batch)
 
     def _decrypted(self, rows: list[StoredRow]) -> list[tuple[Record, list[dict[str, Any]]]]:
         log: dict[str, list[dict[str, Any]]] = {r.id: [] for r in rows}
@@ -241,10 +245,11 @@ def export_json(
     out.write(json.dumps(head, ensure_ascii=False)[:-1])
     out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
     first = True
-    for batch in job.batches():
-        for record, log in batch:
-            out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
-            first = False
+    with closing(job.batches()) as batches:
+        for batch in batches:
+            for record, log in batch:
+                out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
+                first = False
     out.write('], "erasure_requests": ' + json.dumps(job.requests(), ensure_ascii=False))
     out.write(', "restrictions": ' + json.dumps(job.restrictions(), ensure_ascii=False))
     out.write(', "decisions": ' + json.dumps(job.decisions(), ensure_ascii=False))
@@ -297,14 +302,15 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
         log = csv.writer(log_file)
         records.writeheader()
         log.writerow(["record_id", "index", "entry"])
-        for batch in job.batches():
-            for record, entries in batch:
-                row = record.to_json()
-                row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
-                row["derived_from"] = " ".join(row["derived_from"])
-                records.writerow(row)
-                for item in entries:
-                    log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
+        with closing(job.batches()) as batches:
+            for batch in batches:
+                for record, entries in batch:
+                    row = record.to_json()
+                    row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
+                    row["derived_from"] = " ".join(row["derived_from"])
+                    records.writerow(row)
+                    for item in entries:
+                        log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
     _write_table(directory / "erasure_requests.csv", job.requests())
     _write_table(directory / "restrictions.csv", job.restrictions())
     _write_table(directory / "decisions.csv", job.decisions())

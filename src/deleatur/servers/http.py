@@ -8,11 +8,12 @@ stable code of :mod:`.errors`. OpenAPI is at ``/openapi.json``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -414,6 +415,38 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
     return JSONResponse(body, status_code=202, headers={"Location": status_url})
 
 
+class _LongReads:
+    """The reads the server makes on handles of its own that last as long as a client or
+    a large log makes them (a streamed export, a whole-log verification), each keeping
+    the -wal from being truncated meanwhile. Called, it says whether one is live: while
+    one is, a request's scrub waits for no reader (sqlitefile.scrubs_unwaited_during),
+    and as each ends its handle truncates the -wal if a scrub made meanwhile could not."""
+
+    def __init__(self) -> None:
+        self._live = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        return self._live > 0
+
+    @contextmanager
+    def of(self, memory: Memory) -> Iterator[None]:
+        """Counts the block as a long read on ``memory``, whose reads must all have ended
+        as the block does: the scrub is made on its connection."""
+        with self._lock:
+            self._live += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._live -= 1
+            # Waits for readers only once no other long read is live: the last to end does.
+            # A lock held past the busy timeout leaves the store marked for the next
+            # removal or open to truncate, rather than cut short a finished export.
+            with scrubs_unwaited_during(self), contextlib.suppress(StoreBusyError):
+                memory.finish_scrub()
+
+
 _EXPORT_CHUNK = 64 * 1024
 _DONE = object()
 
@@ -455,20 +488,30 @@ class _ChunkWriter:
 
 
 async def _stream_export(
-    exports: Exports, open_memory: Callable[[], Memory], api_key: str, subject: str | None, user_id: str | None
+    exports: Exports,
+    long_reads: _LongReads,
+    open_memory: Callable[[], Memory],
+    api_key: str,
+    subject: str | None,
+    user_id: str | None,
 ) -> AsyncIterator[str]:
     """Run the export in a thread on a handle of its own, so the pool's handle stays
     free for other requests meanwhile. Returns the body's chunks once the first exists,
     or raises what the export raised before writing anything. A failure after that
     aborts the response (no final chunk), so a client cannot take a cut export for a
-    whole one. The caller has counted the export in ``exports``."""
+    whole one. The caller has counted the export in ``exports``.
+
+    The export reads the store for as long as its client takes to read the response: a
+    long read, which no scrub waits for; as it ends, before the response does, its
+    handle truncates the -wal if a removal made meanwhile could not."""
     chunks: queue.Queue[object] = queue.Queue(maxsize=4)
     stop = threading.Event()
     writer = _ChunkWriter(chunks, stop)
 
     def run() -> None:
         try:
-            with open_memory() as memory:
+            # The library's export ends its reads as it returns or raises.
+            with open_memory() as memory, long_reads.of(memory):
                 as_caller(memory, api_key).export_json(writer, subject=subject, user_id=user_id)
                 writer.flush()
             writer.put(_DONE)
@@ -568,10 +611,9 @@ def create_app(
     # where under steady load the queue never empties.
     turn = asyncio.Lock()
     retrying = asyncio.Lock()  # held by the refused request now trying again
-    # Set while a verification's read snapshot is open: a scrub would wait for it (for
-    # as long as it reads, holding the handle, and with one handle `turn` too), so none
-    # does, and the verification truncates the -wal as it ends.
-    reading = threading.Event()
+    # A scrub would wait for an export's or a verification's read for as long as it
+    # lasts, holding the handle, and with one handle `turn` too: none does meanwhile.
+    long_reads = _LongReads()
 
     async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
@@ -591,7 +633,7 @@ def create_app(
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
         def run() -> T:
-            with pool.lease() as memory, scrubs_unwaited_during(reading.is_set):
+            with pool.lease() as memory, scrubs_unwaited_during(long_reads):
                 return call(as_caller(memory, api_key))
 
         def tried() -> T | _Refused:
@@ -661,15 +703,16 @@ def create_app(
         its own in a thread, one at a time, so the shared handle serves every other
         request meanwhile (a verification on it held up every tenant's calls).
 
-        Without ``size``, the shared handle first signs the entries it appended itself
-        (it alone knows them for its own, not a crash's or an intruder's tail), and the
-        verification reads the log as it was at that moment: its read snapshot begins
-        before the shared handle appends anything more, so every entry it sees that no
-        checkpoint covers fails the coverage check, as on the shared handle before.
+        Without ``size``, each of the pool's handles first signs the entries it appended
+        itself (it alone knows them for its own, not a crash's or an intruder's tail),
+        and the verification reads the log as it was at that moment: its read snapshot
+        begins before any of them appends anything more (the pool lends none meanwhile),
+        so every entry it sees that no checkpoint covers fails the coverage check, as on
+        the shared handle before.
 
-        While the snapshot is open, no scrub waits for it (``reading``): an erasure made
-        meanwhile answers at once, its request saying the -wal was not truncated, and
-        the verification truncates the -wal once its snapshot has ended."""
+        While the snapshot is open, no scrub waits for it (``long_reads``): an erasure
+        made meanwhile answers at once, its request saying the -wal was not truncated,
+        and the verification truncates the -wal once its snapshot has ended."""
         api_key = _API_KEY.get()
 
         def opened() -> tuple[Memory, Memory, ExitStack]:
@@ -683,25 +726,25 @@ def create_app(
             return memory, view, stack
 
         def signed_then_begun(memory: Memory, stack: ExitStack) -> None:
-            # Under `turn`: no call of the shared handle runs between its signing and the
-            # snapshot's start, so every entry the snapshot holds is signed or foreign.
-            with pool.lease() as shared:
-                as_caller(shared, api_key).sign_pending()
-            # Closed in reverse: the snapshot ends, then scrubs wait for readers again, then
-            # this handle truncates the -wal if a scrub made before that could not (its
-            # removal had committed, marking the store).
-            stack.callback(memory.finish_scrub)
-            reading.set()
-            stack.callback(reading.clear)
-            stack.enter_context(memory.read_snapshot())
+            # Every handle held until the snapshot has begun: none appends between its
+            # signing and then, so every entry the snapshot holds is signed or foreign (a
+            # handle not signed, or leased again once signed, left entries that were not).
+            with pool.lease_all() as leased:
+                for shared in leased:
+                    as_caller(shared, api_key).sign_pending()
+                # Closed in reverse: the snapshot ends, then the long read, whose handle
+                # truncates the -wal if a removal made meanwhile could not.
+                stack.enter_context(long_reads.of(memory))
+                stack.enter_context(memory.read_snapshot())
 
         async with verifying:
             # Opened first, without `turn`: opening may finish a crash's work and wait.
             memory, view, stack = await anyio.to_thread.run_sync(opened)
             try:
                 # With a size too: signing is the guarded call that refuses (and audits) a
-                # caller that may not verify before a snapshot is opened for it.
-                # (With several handles nothing else takes `turn`: it costs nothing then.)
+                # caller that may not verify before a snapshot is opened for it. `turn`, so
+                # that with one handle no call in the loop waits for it there; with several
+                # nothing else takes `turn`: it costs nothing then.
                 async with turn:
                     await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
                 report = await anyio.to_thread.run_sync(verify, view, size)
@@ -1035,7 +1078,7 @@ def create_app(
         erasure in the disk's free blocks). A refusal comes as an error status; a failure
         after the first bytes can only cut the stream short, which leaves invalid JSON."""
         exports.begin()
-        chunks = await _stream_export(exports, open_memory, _API_KEY.get(), subject, user_id)
+        chunks = await _stream_export(exports, long_reads, open_memory, _API_KEY.get(), subject, user_id)
         return StreamingResponse(chunks, media_type="application/json")
 
     # -- the log ---------------------------------------------------------------------------

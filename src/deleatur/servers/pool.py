@@ -8,7 +8,8 @@ handle per thread matters because worker pools retire idle threads, and a
 per-thread handle would then stay open with nobody to close it; the pool never
 holds more handles than there were requests at once, nor more than ``limit``:
 with a limit, a request waits for a free handle (``limit=1`` is one handle behind
-a lock).
+a lock). :meth:`HandlePool.lease_all` takes every handle at once, when a server must
+know that its handles append nothing meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class HandlePool:
         self._lock = threading.Condition()
         self._opened = 0
         self._closed = False
+        # Set while lease_all waits for, then holds, every handle: no lease starts meanwhile.
+        self._all = False
 
     @contextmanager
     def lease(self) -> Iterator[Memory]:
@@ -37,29 +40,66 @@ class HandlePool:
             while True:
                 if self._closed:
                     raise RuntimeError("the handle pool is closed")
-                if self._free or self._limit is None or self._opened < self._limit:
+                if not self._all and (self._free or self._limit is None or self._opened < self._limit):
                     break
                 self._lock.wait()
             memory = self._free.pop() if self._free else None
             if memory is None:
                 self._opened += 1  # counted before opening, so the limit holds meanwhile
         if memory is None:
-            try:
-                memory = self._open()
-            except BaseException:
-                with self._lock:
-                    self._opened -= 1
-                    self._lock.notify()
-                raise
+            memory = self._opened_one()
         try:
             yield memory
         finally:
+            self._give_back([memory])
+
+    @contextmanager
+    def lease_all(self) -> Iterator[list[Memory]]:
+        """Every handle the pool has opened (a new one if it has none), once all are free;
+        no other lease starts until the block ends, so they append nothing meanwhile."""
+        with self._lock:
+            while self._all and not self._closed:
+                self._lock.wait()
+            self._all = True
+            while len(self._free) < self._opened and not self._closed:
+                self._lock.wait()
+            if self._closed:
+                raise RuntimeError("the handle pool is closed")
+            handles, self._free = self._free, []
+            if not handles:
+                self._opened += 1  # counted before opening, as by lease
+        try:
+            if not handles:
+                handles.append(self._opened_one())
+            yield handles
+        finally:
+            self._give_back(handles, all_of_them=True)
+
+    def _opened_one(self) -> Memory:
+        """A new handle, already counted in ``_opened``."""
+        try:
+            return self._open()
+        except BaseException:
             with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._free.append(memory)
-                    self._lock.notify()
-            if closed:
+                self._opened -= 1
+                self._lock.notify_all()
+            raise
+
+    def _give_back(self, handles: list[Memory], *, all_of_them: bool = False) -> None:
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._free.extend(handles)
+            if all_of_them:
+                self._all = False
+            # A freed handle wakes one waiting lease, unless every lease waits on lease_all
+            # (or it has just ended): then they all look again, lease_all among them.
+            if self._all or all_of_them:
+                self._lock.notify_all()
+            else:
+                self._lock.notify()
+        if closed:
+            for memory in handles:
                 memory.close()
 
     @property

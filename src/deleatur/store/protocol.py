@@ -7,7 +7,7 @@ supersession rules) lives above it, in :mod:`deleatur.memory`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +128,11 @@ class Backend(Protocol):
 
     # -- erasure ----------------------------------------------------------------
 
-    def select_any(self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None) -> Iterator[StoredRow]:
-        """Rows of every status in the spaces ``where`` matches (optionally of one subject)."""
+    def select_any(
+        self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None
+    ) -> Generator[StoredRow, None, None]:
+        """Rows of every status in the spaces ``where`` matches (optionally of one subject),
+        read as they are taken: closing the generator ends the read."""
         ...
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -475,7 +475,9 @@ class SQLiteBackend:
             )
         ]
 
-    def select_any(self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None) -> Iterator[StoredRow]:
+    def select_any(
+        self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None
+    ) -> Generator[StoredRow, None, None]:
         filters, args = _equal_where_given(
             [
                 ("r.subject_ref", subject_ref),
