@@ -397,6 +397,9 @@ def test_query_parameters_a_route_does_not_take_are_refused_and_nothing_done(
     several = httpx.delete(f"{base_url}/v1/users/q-b?agent=a&run=r&agent=b", headers=admin)
     said = "query.agent: Extra inputs are not permitted; query.run: Extra inputs are not permitted"
     assert several.json()["error"]["message"] == said
+    # Given twice, the last one would win: which user the caller meant is not known.
+    twice = httpx.delete(f"{base_url}/v1/subjects/Ivan%20Petrov?basis=x&user_id=q-a&user_id=q-b", headers=admin)
+    assert (twice.status_code, twice.json()["error"]["message"]) == (422, "query.user_id: given 2 times: give it once")
     for subject, user in [*records.items(), ("Hank Hill", "default")]:
         held = httpx.get(f"{base_url}/v1/memories", params={"user_id": user, "subject": subject}, headers=admin)
         assert len(held.json()["records"]) == (user != "default"), (subject, user)
@@ -623,21 +626,19 @@ def test_an_erasure_during_a_verification_waits_not_for_it_and_is_gone_once_it_e
         assert "wal_not_truncated" not in http.get("/v1/erasures/R1").json()["counts"]
 
 
-def test_writers_waiting_for_a_lock_held_elsewhere_stall_the_loop_no_longer_for_more_of_them(
+def test_writers_waiting_for_a_lock_held_elsewhere_are_refused_one_at_a_time_not_each_in_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a refused request tries again, later ones queue behind it instead of each
     trying in the loop first: one request at a time is refused, so the loop's stalls
-    stay one try's wait, however many wait."""
+    stay one try's wait, however many wait. (Counted, not timed: a time bound that
+    tells 60 tries' stall from one try's failed on a loaded machine, at load 13.)"""
     from deleatur import sqlitefile
     from deleatur.servers import http as http_server
 
     opener = new_store(tmp_path / "mem.db")
     headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)
-    # A try's wait made long, so that 60 of them in a row (what the loop stalled for
-    # before) stand far above what a loaded machine adds to a request.
-    monkeypatch.setattr(sqlitefile, "FIRST_TRY_WAIT_MS", 50)
     refused_in: set[asyncio.Task[object] | None] = set()
 
     @contextlib.contextmanager
@@ -680,18 +681,14 @@ def test_writers_waiting_for_a_lock_held_elsewhere_stall_the_loop_no_longer_for_
             for thread in threads:
                 thread.start()
             assert all_arrived.wait(timeout=60)
-            slowest = 0.0
-            for _ in range(10):  # probes of a route that never touches the store
-                start = time.monotonic()
+            for _ in range(10):  # a route that never touches the store answers meanwhile
                 assert http.get("/openapi.json").status_code == 200
-                slowest = max(slowest, time.monotonic() - start)
         finally:
             holder.execute("ROLLBACK").fetchall()
             for thread in threads:
                 thread.join(timeout=60)
         assert sorted(answers) == [201] * writers
         assert len(refused_in) == 1, f"{len(refused_in)} requests were refused in turn while the lock was held"
-        assert slowest < 1.5, f"the loop stalled {slowest:.2f} s with {writers} writers waiting"
     holder.close()
 
 

@@ -299,13 +299,16 @@ def _url_errors(scope: Scope, known: frozenset[str]) -> list[dict[str, Any]]:
     a query parameter whose percent-decoding is not UTF-8 (the server decodes it with
     U+FFFD in place of the bad bytes, so an erasure would name another subject), and a
     query parameter the route does not take (ignored, a misspelt ``user_id`` would erase
-    in every user, an unsupported ``dry_run`` would erase for real)."""
+    in every user, an unsupported ``dry_run`` would erase for real), or one given twice
+    (the last would win, as a repeated key of a JSON body, which is refused too: no
+    route takes a list in its query)."""
     not_utf8 = "not valid UTF-8 once percent-decoded"
     errors: list[dict[str, Any]] = []
     raw_path = scope.get("raw_path")  # optional in ASGI; uvicorn always gives it
     if raw_path is not None and _utf8(unquote_to_bytes(raw_path)) is None:
         errors.append({"type": "utf8", "loc": ("path",), "msg": not_utf8})
     unknown: dict[str, None] = {}  # each named once, in the order given
+    seen: dict[str, int] = {}
     # Split as Starlette splits it, but decoded as Latin-1, which keeps every byte.
     for raw_name, raw_value in parse_qsl(
         scope["query_string"].decode("latin-1"), keep_blank_values=True, encoding="latin-1"
@@ -318,8 +321,14 @@ def _url_errors(scope: Scope, known: frozenset[str]) -> list[dict[str, Any]]:
             errors.append({"type": "utf8", "loc": ("query", name), "msg": not_utf8})
         if name not in known:
             unknown[name] = None
+        seen[name] = seen.get(name, 0) + 1
     errors += [
         {"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not permitted"} for name in unknown
+    ]
+    errors += [
+        {"type": "repeated", "loc": ("query", name), "msg": f"given {times} times: give it once"}
+        for name, times in seen.items()
+        if times > 1 and name in known
     ]
     return errors
 
