@@ -239,6 +239,35 @@ def test_store_problems_exit_2(cli: Cli, tmp_path: Path) -> None:
     assert empty.read_bytes() == b""
 
 
+def test_unusable_paths_and_names_exit_2_in_one_line(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """A directory given as the store, a store's parent that is a file, a directory where
+    nothing can be made, a witness name with a space: the user's mistakes, which were
+    internal errors (exit 1, an OS or SQLite error's type)."""
+    receipt, certificate = tmp_path / "r.json", tmp_path / "c.json"
+    assert cli("remember", "Bob's note", "-s", "Bob", "--receipt", str(receipt))[0] == 0
+    assert cli("erase", "Bob", "--request-id", "R1", "--basis", "b")[0] == 0
+    assert cli("certificate", "--request-id", "R1", "--out", str(certificate))[0] == 0
+    vkey = cli("keys", "export-public")[1].strip()
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    cases = [
+        (("verify", str(certificate), "--store", str(tmp_path)), f"{tmp_path} is a directory, not a store file"),
+        (("verify-receipt", str(receipt), "--key", vkey, "--store", str(tmp_path)), "is a directory, not a store"),
+        (("--store", str(tmp_path), "init"), f"{tmp_path} is a directory, not a store file"),
+        (("--store", str(a_file / "x.db"), "init"), f"{a_file} is not a directory"),
+        (("--store", str(a_file / "sub" / "x.db"), "init"), f"cannot create directory {a_file / 'sub'}: Not a dir"),
+        (("witness", "init", "--state", str(tmp_path / "w.db"), "--name", "a b"), "witness name: key name 'a b'"),
+    ]
+    if Path("/proc/self").is_dir():  # Linux: no file can be made there, not even by root
+        cases.append((("--store", "/proc/x.db", "init"), "cannot create /proc/x.db: No such file or directory"))
+    before = sorted(tmp_path.iterdir())
+    for args, message in cases:
+        code, out, err = cli(*args)
+        assert (code, out) == (2, ""), (args, err)
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (args, err)
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:
     conn = apsw.Connection(str(store))
     conn.execute("PRAGMA user_version = 99")
