@@ -18,7 +18,9 @@ time, never all held in memory) and never truncated. Two formats:
   ``checkpoint`` is the log's newest signed checkpoint at export time: a receipt
   (inclusion proof) for any listed log entry is ``deleatur log prove INDEX``.
   A decision shows only the beliefs about what is exported: another person's
-  values in the same snapshot are theirs, not the requester's.
+  values in the same snapshot are theirs, not the requester's. The erasure
+  requests are those about the subject or, for a user, those that reached that
+  user and no one else (see ``_Export.requests``).
 
 * a CSV bundle: a directory with ``records.csv``, ``log.csv``,
   ``erasure_requests.csv``, ``restrictions.csv``, ``decisions.csv``,
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
-from ..erasure.requests import ErasureRequest
+from ..erasure.requests import ErasureRequest, user_reference
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
@@ -164,12 +166,17 @@ class _Export:
         return [(self.memory._decrypt(r), log[r.id]) for r in rows]
 
     def requests(self) -> list[dict[str, Any]]:
+        """The requests about the subject; for a user, those that reached the user and no
+        one else (an erasure of their account, or of a subject in their spaces), as a key
+        scoped to the user reads them: without the counts of records in other users'
+        spaces, which are not the user's to see."""
         now = self.memory._clock()
-        return [
-            r.to_json(now)
-            for r in map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
-            if self.ref is not None and r.subject_ref == self.ref
-        ]
+        requests = map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
+        if self.ref is not None:
+            return [r.to_json(now) for r in requests if r.subject_ref == self.ref]
+        assert self.scope.user_id is not None
+        user = user_reference(self.memory, self.scope.user_id)
+        return [r.beyond_scopes_hidden().to_json(now) for r in requests if r.users == (user,)]
 
     def restrictions(self) -> list[dict[str, Any]]:
         if self.ref is None:
