@@ -395,6 +395,24 @@ def test_bidirectional_formatting_is_shown_as_codes(cli: Cli) -> None:
     assert json.loads(out)[0]["text"] == "pay \u202eevil\u202c now"  # stored as given
 
 
+def test_invisible_format_characters_are_shown_as_codes(cli: Cli) -> None:
+    """Subjects that differ only by a zero-width space or joiner, or a soft hyphen, all
+    showed as "Finn Wolf": one could pass for another in a listing or a dry run."""
+    assert cli("init")[0] == 0
+    for n, subject in enumerate(["Finn Wolf", "Finn\u200bWolf", "Finn Wolf\u200d", "Fi\u00adnn Wolf"]):
+        assert cli("remember", f"note {n}", "-s", subject, "-u", "u\u2060x")[0] == 0
+    code, out, _ = cli("list", "-u", "u\u2060x")
+    assert code == 0 and not {"\u200b", "\u200d", "\u00ad"} & set(out)
+    assert "Finn\\u200bWolf" in out and "Finn Wolf\\u200d" in out and "Fi\\xadnn Wolf" in out
+    (finn,) = [r for r in json.loads(cli("list", "-u", "u\u2060x", "--json")[1]) if r["subject"] == "finn\u200bwolf"]
+    assert cli("remember", "derived", "-s", "Ann\ufeff", "-u", "u\u2060x", "--derived-from", finn["id"])[0] == 0
+    code, out, _ = cli("erase", "Finn\u200bWolf", "--request-id", "R", "--basis", "b", "--dry-run")
+    assert code == 0 and not {"\u200b", "\ufeff", "\u2060"} & set(out)
+    assert "Finn\\u200bWolf" in out  # the record's subject in the table
+    assert "other subjects whose derived records go too: ann\\ufeff" in out  # canonical
+    assert "  u\\u2060x//: 2" in out
+
+
 def test_audit_show_keeps_an_older_multi_line_actor_on_its_entrys_line(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
