@@ -32,9 +32,9 @@ def write_signer(path: Path, signer: Signer, *, replace: bool) -> None:
 
 def write_text_secret(path: Path, text: str, *, replace: bool = True) -> None:
     """Atomically write a secret: mode 0600 from creation, fsync, rename, fsync the directory.
-    Not to ``replace``, the file is linked into place instead of renamed, which fails
-    (FileExistsError) if another process made one meanwhile: checking first would leave
-    a moment in which two writers each find no file and the later one's key wins."""
+    With ``replace=False`` the file is linked into place rather than renamed: the link
+    fails (FileExistsError) if a file is there, where a check beforehand would leave a
+    moment in which two writers both find none, and the later one's key wins."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
