@@ -248,6 +248,35 @@ def test_store_problems_exit_2(cli: Cli, tmp_path: Path) -> None:
     assert empty.read_bytes() == b""
 
 
+def test_unusable_paths_and_names_exit_2_in_one_line(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """A directory given as the store, a store's parent that is a file, a directory where
+    nothing can be made, a witness name with a space: the user's mistakes, which were
+    internal errors (exit 1, an OS or SQLite error's type)."""
+    receipt, certificate = tmp_path / "r.json", tmp_path / "c.json"
+    assert cli("remember", "Bob's note", "-s", "Bob", "--receipt", str(receipt))[0] == 0
+    assert cli("erase", "Bob", "--request-id", "R1", "--basis", "b")[0] == 0
+    assert cli("certificate", "--request-id", "R1", "--out", str(certificate))[0] == 0
+    vkey = cli("keys", "export-public")[1].strip()
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    cases = [
+        (("verify", str(certificate), "--store", str(tmp_path)), f"{tmp_path} is a directory, not a store file"),
+        (("verify-receipt", str(receipt), "--key", vkey, "--store", str(tmp_path)), "is a directory, not a store"),
+        (("--store", str(tmp_path), "init"), f"{tmp_path} is a directory, not a store file"),
+        (("--store", str(a_file / "x.db"), "init"), f"{a_file} is not a directory"),
+        (("--store", str(a_file / "sub" / "x.db"), "init"), f"cannot create directory {a_file / 'sub'}: Not a dir"),
+        (("witness", "init", "--state", str(tmp_path / "w.db"), "--name", "a b"), "witness name: key name 'a b'"),
+    ]
+    if Path("/proc/self").is_dir():  # Linux: no file can be made there, not even by root
+        cases.append((("--store", "/proc/x.db", "init"), "cannot create /proc/x.db: No such file or directory"))
+    before = sorted(tmp_path.iterdir())
+    for args, message in cases:
+        code, out, err = cli(*args)
+        assert (code, out) == (2, ""), (args, err)
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (args, err)
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:
     conn = apsw.Connection(str(store))
     conn.execute("PRAGMA user_version = 99")
@@ -373,6 +402,24 @@ def test_bidirectional_formatting_is_shown_as_codes(cli: Cli) -> None:
     assert "Ann\\u202eeve" in out and "pay \\u202eevil\\u202c now" in out
     code, out, _ = cli("list", "--json")
     assert json.loads(out)[0]["text"] == "pay \u202eevil\u202c now"  # stored as given
+
+
+def test_invisible_format_characters_are_shown_as_codes(cli: Cli) -> None:
+    """Subjects that differ only by a zero-width space or joiner, or a soft hyphen, all
+    showed as "Finn Wolf": one could pass for another in a listing or a dry run."""
+    assert cli("init")[0] == 0
+    for n, subject in enumerate(["Finn Wolf", "Finn\u200bWolf", "Finn Wolf\u200d", "Fi\u00adnn Wolf"]):
+        assert cli("remember", f"note {n}", "-s", subject, "-u", "u\u2060x")[0] == 0
+    code, out, _ = cli("list", "-u", "u\u2060x")
+    assert code == 0 and not {"\u200b", "\u200d", "\u00ad"} & set(out)
+    assert "Finn\\u200bWolf" in out and "Finn Wolf\\u200d" in out and "Fi\\xadnn Wolf" in out
+    (finn,) = [r for r in json.loads(cli("list", "-u", "u\u2060x", "--json")[1]) if r["subject"] == "finn\u200bwolf"]
+    assert cli("remember", "derived", "-s", "Ann\ufeff", "-u", "u\u2060x", "--derived-from", finn["id"])[0] == 0
+    code, out, _ = cli("erase", "Finn\u200bWolf", "--request-id", "R", "--basis", "b", "--dry-run")
+    assert code == 0 and not {"\u200b", "\ufeff", "\u2060"} & set(out)
+    assert "Finn\\u200bWolf" in out  # the record's subject in the table
+    assert "other subjects whose derived records go too: ann\\ufeff" in out  # canonical
+    assert "  u\\u2060x//: 2" in out
 
 
 def test_audit_show_keeps_an_older_multi_line_actor_on_its_entrys_line(

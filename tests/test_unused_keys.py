@@ -118,6 +118,42 @@ def test_what_is_in_use_keeps_its_key(store_path: Path) -> None:
         assert len(_key_rows(memory)) == 4
 
 
+def test_lifting_the_restriction_of_a_subject_with_nothing_stored_leaves_no_key(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restricting someone the store holds nothing on makes their key (the reason is sealed
+    under it); lifting it left that key, and its blind reference, until an erasure."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("Ann's note", subject="Ann")
+        before = _key_rows(memory)
+        memory.restrict("Ghost Person", reason="contested", actor="dpo")
+        assert len(_key_rows(memory)) == len(before) + 1  # needed while it lasts
+        with pytest.raises(RestrictedSubjectError):
+            memory.remember("a note", subject="ghost person")
+        memory.unrestrict("Ghost Person", actor="dpo")
+        assert _key_rows(memory) == before and _marks(memory) == 0
+        # A subject with records keeps its key, and so does one written to while restricted.
+        memory.restrict("Ann", reason="contested", actor="dpo")
+        memory.unrestrict("Ann", actor="dpo")
+        memory.restrict("Gus", reason="contested", actor="dpo")
+        memory.remember("Gus's claim", subject="Gus", for_legal_claim=True)
+        memory.unrestrict("Gus", actor="dpo")
+        assert len(_key_rows(memory)) == len(before) + 1 and _has_key(memory, "gus")
+        assert sorted(r.text for r in memory.list()) == ["Ann's note", "Gus's claim"]
+        # Cut off before the call's end collects it, the key goes when the store is next opened.
+        memory.restrict("Hal", reason="contested", actor="dpo")
+        with monkeypatch.context() as patched:
+            patched.setattr("deleatur.memory.collect_unused_keys", lambda *args: 0)
+            memory.unrestrict("Hal", actor="dpo")
+        assert _has_key(memory, "hal") and _marks(memory) == 1
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert not _has_key(memory, "hal") and _marks(memory) == 0
+        assert len(_key_rows(memory)) == len(before) + 1
+        assert memory.restrictions() == []
+        assert memory.verify_log().ok
+
+
 @pytest.mark.parametrize("stops", [None, "before destroying", "before unlisting"])
 def test_a_collection_never_takes_the_key_of_a_write_in_flight(
     store_path: Path, monkeypatch: pytest.MonkeyPatch, stops: str | None

@@ -148,6 +148,13 @@ def is_ours(conn: apsw.Connection, path: Path, application_id: int, what: str) -
     return False
 
 
+def create_private(path: Path) -> None:
+    """A new empty file, owner-only from the first byte (the full-text index holds the
+    words of the text, and SQLite gives the -wal and -shm files the database file's
+    mode); FileExistsError if there is one."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def connect(
     path: Path,
     *,
@@ -160,10 +167,8 @@ def connect(
     the journal mode alone rewrites a database's header (and gives an empty file one)."""
     flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
     if create:
-        # Owner-only from the first byte: the full-text index holds the words of the
-        # text, and SQLite gives the -wal and -shm files the database file's mode.
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            create_private(path)
         except FileExistsError:
             pass
         except OSError as exc:

@@ -20,7 +20,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
-from ..errors import DeleaturError
+from ..errors import DeleaturError, StoreError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import access as _access_commands  # noqa: F401  (registers principals, audit, whoami)
@@ -72,7 +72,12 @@ def _records_table(
 @app.command()
 def init(as_json: JsonOpt = False) -> None:
     """Create the store, its key store and a master key file (mode 0600)."""
-    Options.store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        Options.store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        raise StoreError(f"{Options.store.parent} is not a directory") from None
+    except OSError as exc:
+        raise StoreError(f"cannot create directory {Options.store.parent}: {exc.strerror}") from None
     env_master = os.environ.get("DELEATUR_MASTER_KEY") or os.environ.get("DELEATUR_PASSPHRASE")
     master = from_environment(Options.store, Options.key_file) if env_master else None
     key_file = Options.key_file or default_key_file(Options.store)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,19 +115,28 @@ LegalClaimOpt = Annotated[
 ]
 
 
-# Control characters, and the bidirectional formatting ones, which make a terminal show
-# text in another order than it is stored ("Trojan Source"): a subject could pass for another.
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_CONTROLS = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")
-_CONTROLS_BUT_LINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
+# Characters shown as their codes: control characters (Unicode category Cc), and format
+# characters (Cf): the bidirectional ones make a terminal show text in another order than
+# it is stored ("Trojan Source"), and the invisible ones (zero-width space and joiners, a
+# soft hyphen) leave "Finn\u200bWolf" looking like "Finn Wolf": a subject could pass for
+# another. Only a character outside printable ASCII needs its category looked up.
+_SHOWN_AS_CODES = frozenset({"Cc", "Cf"})
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 
 def visible(text: str, *, lines: bool = False) -> str:
-    """Stored text as the terminal should show it: control and bidirectional formatting
-    characters as their codes (a record from before text refused them may hold an escape
-    sequence, and an actor from before actors were one line a line break), never run; tabs and line breaks
+    """Stored text as the terminal should show it: control and format characters as their
+    codes (a record from before text refused them may hold an escape sequence, and an
+    actor from before actors were one line a line break), never run; tabs and line breaks
     kept only where the output has room for them (``lines``)."""
-    return (_CONTROLS_BUT_LINES if lines else _CONTROLS).sub(lambda m: repr(m.group())[1:-1], text)
+
+    def shown(match: re.Match[str]) -> str:
+        char = match.group()
+        if unicodedata.category(char) not in _SHOWN_AS_CODES or (lines and char in "\t\n"):
+            return char
+        return repr(char)[1:-1]
+
+    return _NOT_PRINTABLE_ASCII.sub(shown, text)
 
 
 def add_row(table: Table, *values: str) -> None:

@@ -21,7 +21,19 @@ from ..errors import InvalidInputError
 from ..log.note import Note, NoteError, check_key_name
 from ..model import SpaceFilter
 from ..store.evidence import StoreEvidence
-from .common import JsonOpt, add_row, app, emit, open_memory, out, pin_key, print_report, read_input, write_output
+from .common import (
+    JsonOpt,
+    add_row,
+    app,
+    emit,
+    open_memory,
+    out,
+    pin_key,
+    print_report,
+    read_input,
+    visible,
+    write_output,
+)
 from .logs import PubkeyOpt
 
 RequestIdOpt = Annotated[str, typer.Option("--request-id", help="The DSAR's id; repeating it is idempotent.")]
@@ -54,7 +66,8 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     if plan.total:
         out.print(table)
     if plan.other_subjects:
-        out.print("other subjects whose derived records go too: " + ", ".join(plan.other_subjects), markup=False)
+        others = ", ".join(visible(s) for s in plan.other_subjects)
+        out.print(f"other subjects whose derived records go too: {others}", markup=False)
     if plan.ambiguous:
         out.print(
             "AMBIGUOUS: the subject matches several spellings: "
@@ -63,7 +76,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
             markup=False,
         )
     for space, n in plan.per_space().items():
-        out.print(f"  {space}: {n}", markup=False)
+        out.print(f"  {visible(space)}: {n}", markup=False)
     out.print(f"data keys destroyed: {plan.keys_destroyed}", markup=False)
     if plan.kept_elsewhere:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")

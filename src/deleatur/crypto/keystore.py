@@ -396,6 +396,17 @@ class KeyStore:
             rows = [row for key_id in key_ids for row in self._conn.execute(sql + " WHERE u.key_id = ?", (key_id,))]
         return [(bytes(k), None if t is None else str(t), None if r is None else bytes(r)) for k, t, r in rows]
 
+    def mark(self, key_ids: Iterable[bytes]) -> None:
+        """Mark keys unconfirmed again, as new keys are: what was stored under them is gone,
+        so unless something is stored under them first, they are collected as this call
+        ends (or, should it be cut off, when the store is next opened)."""
+        ids = list(key_ids)
+        if not ids:
+            return
+        with self._locked("no key was marked"):
+            self._conn.executemany("INSERT OR IGNORE INTO unconfirmed_keys(key_id) VALUES (?)", ((k,) for k in ids))
+        self.unsettled.update(ids)
+
     def unmark(self, key_ids: Iterable[bytes]) -> None:
         """Drop the marks of keys found in use, now."""
         ids = [*key_ids, *self._unmark_later]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from ..errors import MasterKeyError
+from ..errors import MasterKeyError, StoreError
 from ..model import check_path, check_type
 from .signing import write_text_secret
 
@@ -87,8 +87,12 @@ def from_file(path: str | os.PathLike[str]) -> MasterKeySource:
 
 
 def write_key_file(path: Path, key: bytes) -> None:
-    """Create the key file with mode 0600 from the start (never world-readable, even briefly)."""
-    write_text_secret(path, key.hex())
+    """Create the key file with mode 0600 from the start (never world-readable, even
+    briefly); never over another one, which may be the only copy of a store's key."""
+    try:
+        write_text_secret(path, key.hex(), replace=False)
+    except FileExistsError:
+        raise StoreError(f"{path} already exists; refusing to overwrite a master key") from None
 
 
 def default_key_file(store_path: Path) -> Path:

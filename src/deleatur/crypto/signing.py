@@ -24,21 +24,31 @@ def pending_path(path: Path) -> Path:
 
 
 def write_signer(path: Path, signer: Signer, *, replace: bool) -> None:
-    if path.exists() and not replace:
-        raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key")
-    write_text_secret(path, signer.skey)
+    try:
+        write_text_secret(path, signer.skey, replace=replace)
+    except FileExistsError:
+        raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key") from None
 
 
-def write_text_secret(path: Path, text: str) -> None:
-    """Atomically write a secret: mode 0600 from creation, fsync, rename, fsync the directory."""
+def write_text_secret(path: Path, text: str, *, replace: bool = True) -> None:
+    """Atomically write a secret: mode 0600 from creation, fsync, rename, fsync the directory.
+    With ``replace=False`` the file is linked into place rather than renamed: the link
+    fails (FileExistsError) if a file is there, where a check beforehand would leave a
+    moment in which two writers both find none, and the later one's key wins."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(text + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

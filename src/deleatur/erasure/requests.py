@@ -249,6 +249,12 @@ def within_scopes(memory: Memory, request: ErasureRequest) -> tuple[str, ...] | 
     scopes = memory.principal.scopes
     if scopes is None or request.users is None:
         return None
-    named = reached_users(memory, [s for s in scopes if erased_ref(s) is None])
-    named.update({ref.hex(): s for s in scopes if (ref := erased_ref(s)) is not None})
+    named = {user_reference(memory, s): s for s in scopes}
     return tuple(named[ref] for ref in request.users) if all(ref in named for ref in request.users) else None
+
+
+def user_reference(memory: Memory, user_id: str) -> str:
+    """How a request's ``users`` name a user id, or the erased user that a scope kept by
+    reference (``erased-user:`` and the reference) stands for."""
+    ref = erased_ref(user_id)
+    return memory._user_ref(user_id) if ref is None else ref.hex()

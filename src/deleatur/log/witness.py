@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..clock import Clock, system_clock
 from ..crypto.signing import write_text_secret
-from ..errors import DeleaturError, NotFoundError
+from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..sqlitefile import connect, immediate
 from .checkpoint import Checkpoint
 from .cosignature import Cosigner
@@ -160,7 +160,10 @@ class Witness:
 
     @classmethod
     def create(cls, path: Path, name: str, *, clock: Clock = system_clock) -> Witness:
-        check_key_name(name)
+        try:
+            check_key_name(name)
+        except NoteError as exc:  # exit 1 would say the witness failed, where its name is wrong
+            raise InvalidInputError(f"witness name: {exc.message}") from None
         if path.exists() or cls.key_path(path).exists():
             raise WitnessError(f"{path} already exists; refusing to overwrite a witness")
         write_text_secret(cls.key_path(path), Cosigner(name, Ed25519PrivateKey.generate()).skey)

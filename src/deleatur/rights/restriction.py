@@ -92,6 +92,11 @@ def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
         now = memory._clock()
         fields = {"tenant": memory.tenant, "subject": str(found[0]["pseudonym"]), "actor": actor}
         events.append((Entry(EventType.UNRESTRICT, now, fields), None))
+    if not memory.backend.holds_subject(memory.tenant, ref):
+        # A subject restricted before anything was stored about them got a key for the
+        # restriction alone (its sealed reason, its pseudonym): lifted, it is a key of
+        # which nothing is stored, and goes as one (unless a write takes it up meanwhile).
+        memory.keys.mark(memory.keys.key_ids(memory.tenant, [ref]))
     memory.backend.scrub()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import apsw
 
-from ..errors import NotADeleaturStoreError, NotFoundError
+from ..errors import NotADeleaturStoreError, NotFoundError, StoreError
 from .schema import APPLICATION_ID
 
 _LEVEL_SHIFT = 50
@@ -21,6 +21,8 @@ _LEVEL_SHIFT = 50
 def _readonly(path: Path) -> apsw.Connection:
     if not path.exists():
         raise NotFoundError(f"no store file at {path}")
+    if path.is_dir():  # which SQLite opens, to fail at the first read with an I/O error
+        raise StoreError(f"{path} is a directory, not a store file")
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         conn.execute("PRAGMA schema_version").fetchall()
