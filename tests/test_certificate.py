@@ -391,6 +391,41 @@ def test_malformed_certificates_fail_the_format_check(memory: Memory) -> None:
         assert [c.name for c in report.failed] == ["format"]
 
 
+FAKE_BASIS = "Art. 17(3)(b) - retained for a legal claim of Alice Example"
+
+
+def test_a_certificate_that_repeats_a_key_fails_the_format_check(
+    erased: tuple[Memory, dict[str, Any], Note],
+) -> None:
+    """JSON keeps the last of two equal keys, so a verifier parsing it so would pass a
+    document in which a first-wins parser, or a person, reads another basis: the text is
+    read as its readers would, and fails check 1, without echoing what the document says."""
+    memory, cert, _ = erased
+    text = json.dumps(cert, indent=2)
+    assert not _verify(memory, text) and not _verify(memory, text.encode())
+    real = f'"basis": {json.dumps(BASIS)}'
+    assert text.count(real) == 1
+    doubled = text.replace(real, f'"basis": {json.dumps(FAKE_BASIS)}, {real}')
+    for document in (doubled, doubled.encode()):
+        report = verify_certificate(document, expected_key=memory.log.verifiers()[0])
+        assert [c.name for c in report.failed] == ["format"]
+        assert "repeats a key" in _detail(report, "format")
+        assert "retained" not in json.dumps(report.to_json()) and "basis" not in _detail(report, "format")
+
+
+def test_an_unsigned_member_beside_the_certificate_fails_the_format_check(
+    erased: tuple[Memory, dict[str, Any], Note],
+) -> None:
+    memory, cert, _ = erased
+    for extra in ({"extra": 1}, {"note": FAKE_BASIS}):
+        report = verify_certificate({**cert, **extra}, expected_key=memory.log.verifiers()[0])
+        assert [c.name for c in report.failed] == ["format"]
+        assert "besides certificate and signature" in _detail(report, "format")
+        assert "retained" not in json.dumps(report.to_json())
+    report = verify_certificate('{"certificate": ', expected_key=memory.log.verifiers()[0])
+    assert [c.name for c in report.failed] == ["format"] and "not JSON" in _detail(report, "format")
+
+
 def test_certificate_of_an_unknown_or_failed_request(memory: Memory) -> None:
     from deleatur import InvalidInputError, NotFoundError
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from .conftest import Cli
@@ -209,3 +210,55 @@ def test_a_purge_with_nothing_due_records_no_request(cli: Cli, store: Path) -> N
     code, out, _ = cli("purge", "--json")
     assert json.loads(out)["nothing_due"] is True
     assert json.loads(cli("requests", "--json")[1]) == []
+
+
+def test_verify_reads_the_certificate_file_as_its_readers_would(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """A key repeated in one object (json keeps the last, a first-wins reader or a person
+    the first) and a member the signature does not cover fail check 1, and the report
+    names the problem, not what the document says."""
+    assert cli("erase", "alice smith", *ERASE)[0] == 0
+    cert = tmp_path / "cert.json"
+    assert cli("certificate", "--request-id", "DSAR-17", "--out", str(cert))[0] == 0
+    vkey = cli("keys", "export-public")[1].strip()
+    real = '"basis": "Art. 17(1)(a)"'
+    text = cert.read_text()
+    assert text.count(real) == 1
+    dup = tmp_path / "dup.json"
+    dup.write_text(text.replace(real, f'"basis": "Art. 17(3)(b) - retained for Alice Smith", {real}'))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({**json.loads(text), "extra": 1}))
+    for forged, problem in ((dup, "repeats a key"), (extra, "besides certificate and signature")):
+        code, out, err = cli("verify", str(forged), "--expected-pubkey", vkey)
+        assert code == 1, err
+        assert "FAIL  1 format" in out and problem in out
+        assert out.strip().endswith("VERDICT: FAIL (check 1 format)")
+        assert "retained" not in out and "Alice" not in out
+    code, out, _ = cli("verify", str(cert), "--expected-pubkey", vkey)
+    assert code == 0, out
+
+
+def test_erase_and_certificate_say_when_a_reader_kept_the_wal_from_being_truncated(
+    cli: Cli, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    reader = apsw.Connection(str(store), flags=apsw.SQLITE_OPEN_READONLY)
+    reader.execute("BEGIN").fetchall()
+    reader.execute("SELECT count(*) FROM records").fetchall()  # an open read snapshot
+    code, out, _ = cli("erase", "alice smith", *ERASE)
+    assert code == 0 and "write-ahead log NOT truncated" in out
+    code, out, err = cli("certificate", "--request-id", "DSAR-17")
+    held = json.loads(out)["certificate"]
+    assert held["erasure"]["wal_truncated"] is False and held["request"]["counts"]["wal_not_truncated"] == 1
+    assert "write-ahead log NOT truncated" in err
+    reader.execute("COMMIT").fetchall()
+    reader.close()
+    code, out, _ = cli("requests", "--json")  # opening the store truncated the -wal
+    assert "wal_not_truncated" not in json.loads(out)[0]["counts"]
+    code, out, err = cli("certificate", "--request-id", "DSAR-17")
+    issued = json.loads(out)["certificate"]
+    assert issued["erasure"]["wal_truncated"] is True and "wal_not_truncated" not in issued["request"]["counts"]
+    assert err == ""
+    code, out, _ = cli("erase", "alice smith", *ERASE)
+    assert code == 0 and "NOT truncated" not in out

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cli
+from deleatur import DeleaturError, Memory, from_bytes
+
+from .conftest import MASTER, Cli
 
 
 @pytest.fixture
@@ -146,3 +148,60 @@ def test_a_cosignature_is_attached_to_the_checkpoint_it_is_for(cli: Cli, store: 
     )
     assert code == 2
     assert f"the cosigned checkpoint is of size {cosigned_size}, not 1" in err
+
+
+def test_a_receipt_that_repeats_a_key_or_carries_another_member_is_refused(
+    cli: Cli, store: Path, tmp_path: Path
+) -> None:
+    receipt = tmp_path / "r.json"
+    assert cli("remember", "Alice likes tea", "-s", "Alice", "--receipt", str(receipt))[0] == 0
+    vkey = _vkey(cli)
+    text = receipt.read_text()
+    data = json.loads(text)
+    other = tmp_path / "other.json"
+    assert cli("remember", "Bob likes tea", "-s", "Bob", "--receipt", str(other))[0] == 0
+    other_id = json.loads(other.read_text())["record_id"]
+    # json keeps the last record_id: the receipt would be reported as another record's.
+    first = f'"record_id": "{data["record_id"]}"'
+    dup = tmp_path / "dup.json"
+    dup.write_text(text.replace(first, f'"record_id": "{other_id}", {first}'))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({**data, "note": "Alice Example"}))
+    for forged, problem in ((dup, "repeats a key"), (extra, "a member besides")):
+        code, out, err = cli("verify-receipt", str(forged), "--key", vkey)
+        assert code == 2, out
+        assert problem in err and "Alice" not in err and other_id not in err
+    assert cli("verify-receipt", str(receipt), "--key", vkey)[0] == 0
+
+
+def test_a_missing_signing_key_file_gets_the_same_advice_from_every_command(
+    cli: Cli, store: Path, tmp_path: Path
+) -> None:
+    """An operator's problem (exit 2), and each command names the same remedy: restore
+    the file. `keys new` cannot replace a key the log announced, nor `keys rotate` a key
+    it no longer has."""
+    _, used, _ = cli("remember", "Bo likes tea", "-s", "Bo")
+    assert cli("erase", "Al", "--request-id", "B1", "--basis", "x")[0] == 0
+    key = store.with_name(store.name + ".signing-key")
+    key.rename(tmp_path / "elsewhere")
+    for args in (
+        ("remember", "Bo likes coffee", "-s", "Bo"),
+        ("certificate", "--request-id", "B1"),
+        ("keys", "new"),
+        ("keys", "rotate"),
+        ("keys", "export-public"),
+        ("decision", "record", "tea for Bo", "--used", used.strip()),
+    ):
+        code, _, err = cli(*args)
+        assert code == 2, (args, err)
+        assert f"the signing key {key} is missing" in err and "restore it from a backup" in err, (args, err)
+        assert not any(word in err for word in ("new_signing_key", "rotate_signing_key", "run `deleatur keys new`"))
+    (tmp_path / "elsewhere").rename(key)
+    assert cli("remember", "Bo likes coffee", "-s", "Bo")[0] == 0
+
+
+def test_a_store_that_never_had_a_signing_key_is_told_to_make_one(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "m.db", from_bytes(MASTER), create=True) as memory:
+        for call in (memory.rotate_signing_key, memory.public_key):
+            with pytest.raises(DeleaturError, match="no signing key; run `deleatur keys new`"):
+                call()

@@ -22,6 +22,7 @@ from deleatur import KeyStoreError, Memory, Space, from_bytes
 from deleatur.erasure.engine import RequestIdReusedError
 from deleatur.erasure.requests import RequestStatus
 from deleatur.erasure.verify import verify_certificate
+from deleatur.store.protocol import WAL_NOT_TRUNCATED
 
 from .conftest import MASTER, FakeClock, store_files
 
@@ -176,7 +177,7 @@ first = m.remember("Alice phone +100", subject="Alice", key="alice::phone")
 (row,) = m.backend.rows(m.tenant, [first.id])
 open({str(tmp_path / "ciphertext")!r}, "wb").write(row.ciphertext)
 m.backend.scrub()
-m.backend.scrub = lambda: os._exit(9)   # dies right after the commit
+m.backend.scrub = lambda **_: os._exit(9)   # dies right after the commit
 m.rectify("alice::phone", "Alice phone +200", reason="wrong", actor="dpo", erase_previous=True)
 """
     assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
@@ -259,6 +260,99 @@ def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkey
         assert issued["erasure"]["wal_truncated"] is True
     for path in store_files(store_path):
         assert b"qzwalsecret" not in path.read_bytes(), path
+
+
+def _erased_behind_a_reader(memory: Memory, store_path: Path) -> apsw.Connection:
+    """Alice erased (request R1) while a reader holds a snapshot: its -wal is not truncated."""
+    memory.new_signing_key()
+    memory.remember("before", subject="Bob")
+    reader = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    reader.execute("BEGIN").fetchall()
+    reader.execute("SELECT count(*) FROM records").fetchall()  # an open read snapshot
+    memory.remember("qzwalsecret", subject="Alice")
+    request = memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo").request
+    assert request is not None and request.counts[WAL_NOT_TRUNCATED] == 1
+    return reader
+
+
+def test_a_certificate_says_of_the_wal_what_its_request_says(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that ends while the certificate is being made: the -wal was not truncated
+    when the request was settled, and the certificate said so in its request's counts
+    while claiming the -wal truncated, from a second try. One try, and one fact."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        reader = _erased_behind_a_reader(memory, store_path)
+        reader.execute("COMMIT").fetchall()
+        reader.close()
+        real, tries = memory._scrub, []
+
+        def held_through_the_first_try(*, wait: bool = True) -> bool:
+            tries.append(wait)
+            return len(tries) > 1 and real(wait=wait)
+
+        monkeypatch.setattr(memory, "_scrub", held_through_the_first_try)
+        held = memory.certificate("R1")["certificate"]
+        assert len(tries) == 1  # one wait for the reader, not one more before signing
+        stored = memory.erasure_requests()[0].counts
+        assert held["erasure"]["wal_truncated"] is False and held["request"]["counts"] == stored
+        assert stored[WAL_NOT_TRUNCATED] == 1
+        issued = memory.certificate("R1")
+        assert issued["certificate"]["erasure"]["wal_truncated"] is True
+        assert WAL_NOT_TRUNCATED not in issued["certificate"]["request"]["counts"]
+        assert verify_certificate(issued, expected_key=memory.public_key()).ok
+
+
+def test_a_later_scrub_clears_what_the_request_said_of_the_wal(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever truncates the -wal once the reader is gone (here, another process opening
+    the store) updates the request: its listing no longer says the -wal was kept."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        reader = _erased_behind_a_reader(memory, store_path)
+        Memory.open(store_path, from_bytes(MASTER)).close()  # cannot truncate it yet
+        assert memory.erasure_requests()[0].counts[WAL_NOT_TRUNCATED] == 1
+        reader.execute("COMMIT").fetchall()
+        reader.close()
+        Memory.open(store_path, from_bytes(MASTER)).close()
+        assert WAL_NOT_TRUNCATED not in memory.erasure_requests()[0].counts
+        assert not memory.backend.scrub_pending()
+
+
+def test_a_scrub_keeps_the_mark_of_a_removal_committed_after_it_truncated(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """That removal's pages may be in the -wal the scrub truncated before they came."""
+    from deleatur import sqlitefile
+    from deleatur.store import sqlite as backend_module
+
+    with (
+        Memory.open(store_path, from_bytes(MASTER), create=True) as memory,
+        Memory.open(store_path, from_bytes(MASTER)) as other,
+    ):
+        with memory.backend.atomic():
+            memory.backend.scrub_after_commit()
+        real = sqlitefile.scrub  # the backend's own name for it is patched
+        removals: list[apsw.Connection] = []
+
+        def then_a_removal(conn: apsw.Connection, *, wait: bool = True) -> bool:
+            clean = real(conn, wait=wait)
+            if not removals:
+                removals.append(conn)
+                with other.backend.atomic():
+                    other.backend.scrub_after_commit()
+            return clean
+
+        monkeypatch.setattr(backend_module, "scrub", then_a_removal)
+        assert memory.backend.scrub(settled=True)
+        assert memory.backend.scrub_pending()
+        monkeypatch.undo()
+        assert memory.backend.scrub(settled=True)
+        assert not memory.backend.scrub_pending()
 
 
 def test_a_reader_of_the_key_store_keeps_the_erasure_from_claiming_its_wal_clean(

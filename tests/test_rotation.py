@@ -21,7 +21,7 @@ from deleatur.log.keychain import KeyChain
 from deleatur.log.note import Note, NoteError, Signer
 from deleatur.log.receipt import Receipt, verify_receipt
 from deleatur.log.tlog import rotation_message
-from deleatur.log.witness import UntrustedCheckpointError, Witness, parse_rotation_proof
+from deleatur.log.witness import UntrustedCheckpointError, Witness, WitnessError, parse_rotation_proof
 from deleatur.store.evidence import StoreEvidence
 
 from .conftest import Cli, FakeClock
@@ -234,3 +234,23 @@ def test_log_verify_names_the_key_of_a_pinned_checkpoint_it_cannot_follow(memory
     report = memory.verify_log(pinned_keys=pinned, pinned_checkpoint=foreign)
     detail = _failed(report)["pinned"]
     assert stranger.key_id.hex() in detail and "nor any key of this log's key chain" in detail
+
+
+def test_a_rotation_proof_that_repeats_a_key_or_carries_another_member_is_refused(memory: Memory) -> None:
+    """Read as strictly as a certificate: json would keep the last of two requests, where
+    a first-wins reader takes the other."""
+    memory.remember("one", subject="a")
+    seen = memory.checkpoint()
+    memory.rotate_signing_key()
+    proof = memory.rotation_proof(seen)
+    parse_rotation_proof(proof)
+    data = json.loads(proof)
+    doubled = proof.replace('"request": ', '"request": "old 0\\n\\nforged\\n", "request": ', 1)
+    entry = data["key_entries"][0]
+    for forged, problem in (
+        (doubled, "repeats a key"),
+        (json.dumps({**data, "extra": 1}), "a member besides"),
+        (json.dumps({**data, "key_entries": [{**entry, "extra": 1}]}), "a member besides"),
+    ):
+        with pytest.raises(WitnessError, match=problem):
+            parse_rotation_proof(forged)

@@ -23,6 +23,7 @@ from .errors import (
     NotADeleaturStoreError,
     NotFoundError,
     SchemaVersionError,
+    SigningKeyMissingError,
     StoreBusyError,
     StoreError,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "Role",
     "SchemaVersionError",
     "Signer",
+    "SigningKeyMissingError",
     "Space",
     "SpaceFilter",
     "Status",

@@ -17,6 +17,7 @@ the shells map ``exit_code`` to the process exit status::
     │                                    past the busy timeout (HTTP 503; try again)
     ├── KeyStoreError                    the keys protecting the store
     │   ├── MasterKeyError               exit 2: master key missing or wrong
+    │   ├── SigningKeyMissingError       exit 2: the log's signing key file is gone: restore it
     │   ├── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
     │   └── KeyStoreBusyError            another process holds the key store's lock
     ├── AuthenticationError              exit 3: no principal has this API key
@@ -106,6 +107,13 @@ class MasterKeyError(KeyStoreError):
     exit_code = 2
 
 
+class SigningKeyMissingError(KeyStoreError):
+    """The file of the signing key the log announced last is gone: the store cannot sign
+    until it is restored (a new key would not be endorsed by the one the log names)."""
+
+    exit_code = 2
+
+
 class DataKeyDestroyedError(KeyStoreError):
     """The subject's data key no longer exists, so its records cannot be read."""
 
@@ -146,5 +154,6 @@ __all__ = [
     "NotADeleaturStoreError",
     "NotFoundError",
     "SchemaVersionError",
+    "SigningKeyMissingError",
     "StoreError",
 ]

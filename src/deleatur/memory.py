@@ -57,10 +57,12 @@ from .erasure.residue import ResidueHit, scan
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
+    DeleaturError,
     IntegrityError,
     InvalidInputError,
     KeyStoreError,
     NotFoundError,
+    SigningKeyMissingError,
     StoreBusyError,
     StoreError,
 )
@@ -585,9 +587,7 @@ class Memory:
         """
         if self.log.signer is None and self._shared.keys_announced and not audit_only:
             # Writing on would leave entries no checkpoint covers, and verification failing.
-            raise KeyStoreError(
-                f"the signing key {self.signing_key_path} is missing: this store's log cannot be signed; restore it"
-            )
+            raise self._no_signer()
         events: builtins.list[tuple[Entry, str | None]] = []
         call = self._current
         with self.backend.atomic():
@@ -610,11 +610,26 @@ class Memory:
         if call is not None:
             call.logged = True
 
+    def _no_signer(self) -> DeleaturError:
+        """The error of a call that must sign and has no key, saying what to do: every
+        call says the same. A store that never had a key gets one from `keys new`; the
+        file of a key the log announced must be restored: a new first key would break the
+        log's chain of keys, and a rotation needs the old key to endorse the new one."""
+        if self._shared.keys_announced or self.backend.signing_keys():
+            return SigningKeyMissingError(
+                f"the signing key {self.signing_key_path} is missing: this store's log cannot be signed without"
+                " it; restore it from a backup (neither `deleatur keys new` nor `deleatur keys rotate` can"
+                " replace a key the log announced)"
+            )
+        return LogError("this store has no signing key; run `deleatur keys new`")
+
     @guarded("log.new_key", A)
     def new_signing_key(self) -> Signer:
         """Give a store its first signing key (announced as the first key of its log)."""
-        if self.log.signer is not None or self.backend.signing_keys():
-            raise InvalidInputError("this store already has a signing key; use rotate_signing_key")
+        if self.log.signer is not None:
+            raise InvalidInputError("this store already has a signing key; run `deleatur keys rotate` to replace it")
+        if self.backend.signing_keys():
+            raise self._no_signer()
         signer = Signer.generate(self.log.origin)
         write_signer(self.signing_key_path, signer, replace=False)
         try:
@@ -641,7 +656,7 @@ class Memory:
         before stay verifiable with the old public key; the old private key is gone."""
         old = self.log.signer
         if old is None:
-            raise InvalidInputError("this store has no signing key to rotate; use new_signing_key")
+            raise self._no_signer()
         new = Signer.generate(self.log.origin)
         pending = pending_path(self.signing_key_path)
         write_signer(pending, new, replace=True)
@@ -692,7 +707,7 @@ class Memory:
         """The log's current verifier key, to hand to verifiers out of band."""
         signer = self._current_signer()
         if signer is None:
-            raise LogError("this store has no signing key; run `deleatur keys new`")
+            raise self._no_signer()
         return signer.verifier
 
     @guarded("log.keys", (V, R, W), audit=False)
@@ -729,6 +744,8 @@ class Memory:
         latest = self.backend.checkpoint()
         if latest is not None and latest[0] == self.backend.log_size():
             return Note.parse(latest[1])
+        if self.log.signer is None:
+            raise self._no_signer()
         with self.backend.atomic():
             return self.log.checkpoint()
 
@@ -1404,7 +1421,7 @@ class Memory:
             if erase_previous:
                 self.backend.scrub_after_commit()
         if erase_previous:
-            self.backend.scrub()
+            self._scrub()
         return record
 
     @guarded("forget", W, in_space)
@@ -1431,7 +1448,7 @@ class Memory:
             self._deactivate(row, Status.RETIRED, now)
             events.append((Entry(EventType.RETIRE, now, {"record": row.id, "tenant": self.tenant}), row.id))
             self.backend.scrub_after_commit()
-        self.backend.scrub()  # the retired text's index terms leave the -wal too
+        self._scrub()  # the retired text's index terms leave the -wal too
         return self._decrypt(self._row_in_space(row.id, space))
 
     def _deactivate(self, row: StoredRow, status: Status, now: int) -> None:

@@ -253,17 +253,19 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def loads_unique(raw: str | bytes, what: str) -> Any:
+def loads_unique(raw: str | bytes, what: str, *, name_key: bool = True) -> Any:
     """JSON text parsed like ``json.loads``, but an object anywhere in it that repeats a
-    key is refused, naming the key: json.loads keeps the last value silently, and the
-    writer meant one of them. So is an integer of more digits than Python converts
-    (``sys.get_int_max_str_digits``). Malformed JSON raises what json.loads raises."""
+    key is refused, naming the key unless not ``name_key``: json.loads keeps the last
+    value silently, and the writer meant one of them. So is an integer of more digits
+    than Python converts (``sys.get_int_max_str_digits``). Malformed JSON raises what
+    json.loads raises."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:
-                raise InvalidInputError(f"{what} repeats a key in one object: {json.dumps(key)}")
+                named = f": {json.dumps(key)}" if name_key else ""
+                raise InvalidInputError(f"{what} repeats a key in one object{named}")
             out[key] = value
         return out
 
@@ -276,6 +278,20 @@ def loads_unique(raw: str | bytes, what: str) -> Any:
         # conversion that takes time quadratic in the digits.
         limit = sys.get_int_max_str_digits()
         raise InvalidInputError(f"{what} holds an integer of more than {limit} digits") from None
+
+
+def loads_document(raw: str | bytes, what: str) -> Any:
+    """A signed document's JSON text (a certificate, a receipt, a rotation proof) as its
+    checks must read it: refused (InvalidInputError) if an object repeats a key, for
+    json.loads would check the last value where a reader that keeps the first, or a
+    person, reads the other; or if it is not JSON. The message quotes nothing of the
+    text: a forged document may carry personal data in its keys as in its values."""
+    try:
+        return loads_unique(raw, what, name_key=False)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{what} is not JSON: {exc.msg} at position {exc.pos}") from None
+    except (ValueError, RecursionError):  # not UTF-8, an integer too long to convert, or nesting too deep
+        raise InvalidInputError(f"{what} is not JSON deleatur can read") from None
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:

@@ -19,13 +19,15 @@ from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
 from ..log.note import Note, NoteError, check_key_name
-from ..model import SpaceFilter
+from ..model import SpaceFilter, loads_unique
 from ..store.evidence import StoreEvidence
+from ..store.protocol import WAL_NOT_TRUNCATED
 from .common import (
     JsonOpt,
     add_row,
     app,
     emit,
+    err,
     open_memory,
     out,
     pin_key,
@@ -42,6 +44,13 @@ RequesterOpt = Annotated[str | None, typer.Option("--requester", help="Who asked
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the blast radius; change nothing.")]
 TokenOpt = Annotated[bool, typer.Option("--issue-token", help="With --dry-run: a single-use confirmation token.")]
 ConfirmOpt = Annotated[str | None, typer.Option("--confirm", help="The token a dry run issued.")]
+
+
+WAL_HELD = (
+    "write-ahead log NOT truncated: another connection's read kept it, so it may still hold page images"
+    " of what was erased; the next open of the store, removal, status read or certificate truncates it"
+    " once that read ends, and the request then no longer says so"
+)
 
 
 def _print_kept_restricted(records: int) -> None:
@@ -112,6 +121,8 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
         markup=False,
     )
     _print_kept_restricted(counts.get("kept_restricted", 0))
+    if WAL_NOT_TRUNCATED in counts:
+        out.print(WAL_HELD, markup=False)
     if not counts.get("records", 0):
         out.print(f"{NOTHING_HELD}; the request is recorded, and its certificate says so", markup=False)
     out.print(f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False)
@@ -225,6 +236,9 @@ def certificate(
     with open_memory() as memory:
         document = memory.certificate(request_id)
     write_output(out_file, json.dumps(document, indent=2, sort_keys=True) + "\n")
+    if not document["certificate"]["erasure"]["wal_truncated"]:
+        # On stderr: the certificate itself may be going to standard output.
+        err.print(f"note: {WAL_HELD}; the certificate says so: issue it again then", markup=False, highlight=False)
     if out_file is not None:
         attested = document["certificate"]["erasure"]["records"]
         what = f"{attested} erasure(s) attested" if attested else "nothing was held: it attests no erasure"
@@ -242,12 +256,15 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Verify an erasure certificate: one line per numbered check, NOTEs, VERDICT (exit 0 or 1)."""
+    text = read_input(certificate_file)
     try:
-        document: Any = json.loads(read_input(certificate_file))
+        document: Any = loads_unique(text, "the document", name_key=False)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{certificate_file} is not JSON: {exc.msg}") from None
     except (ValueError, RecursionError):  # an integer too long to convert, or nesting too deep
         raise InvalidInputError(f"{certificate_file} is not JSON this verifier can read") from None
+    except InvalidInputError:
+        document = text  # JSON whose readers disagree: verify_certificate fails it at check 1, saying why
     pinned = None
     if expected_checkpoint is not None:
         try:

@@ -115,7 +115,7 @@ def record(
         raise InvalidInputError(f"a decision uses 1 to {MAX_BELIEFS} records")
     signer = memory.log.signer
     if signer is None:
-        raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
+        raise memory._no_signer()
     beliefs, sealed, refs = [], [], []
     for record_id in ids:
         row = memory.backend.get(memory.tenant, check_record_id(record_id, "used"))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..clock import isoformat
 from ..errors import InvalidInputError
 from ..log.checkpoint import Checkpoint
+from ..store.protocol import WAL_NOT_TRUNCATED
 from .requests import ErasureRequest, RequestStatus
 from .scope import scope_statement
 
@@ -44,11 +45,13 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
         )
     signer = memory.log.signer
     if signer is None:
-        raise InvalidInputError("this store has no signing key; run `deleatur keys new`")
+        raise memory._no_signer()
     note = memory._checkpoint()
     size = Checkpoint.parse(note.text).size
-    # Truncate the -wal now, so the statement describes the files as they are at issue time.
-    wal_truncated = memory._scrub()
+    # As the request says, which the caller settled just now (truncating the -wal if it
+    # was not yet, and saying so if a reader still kept it): the -wal holds none of this
+    # erasure's page images once it was truncated after it, whatever was written since.
+    wal_truncated = WAL_NOT_TRUNCATED not in request.counts
     tombstones = []
     for index in request.tombstones:
         entry = memory.log.entry(index)

@@ -38,6 +38,7 @@ from ..model import (
     forget_cached_subjects,
     one_line,
 )
+from ..store.protocol import WAL_NOT_TRUNCATED
 from .plan import ErasurePlan, build_plan
 from .requests import (
     ErasureRequest,
@@ -196,13 +197,13 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
             done = finish_pending(memory, request)
         except KeyStoreBusyError:
             done = request
-    elif "wal_not_truncated" in request.counts:
+    elif WAL_NOT_TRUNCATED in request.counts:
         done = request  # a reader kept the -wal from being truncated: try again
     else:
         return request
-    counts = {k: v for k, v in done.counts.items() if k != "wal_not_truncated"}
+    counts = {k: v for k, v in done.counts.items() if k != WAL_NOT_TRUNCATED}
     if not memory._scrub():
-        counts["wal_not_truncated"] = 1
+        counts[WAL_NOT_TRUNCATED] = 1
     if counts != done.counts:
         done = replace(done, counts=counts)
         with memory.backend.atomic():

@@ -4,7 +4,8 @@ This module depends on no private key: it needs the certificate, optionally the
 key and an earlier checkpoint the reader pinned, and optionally read-only access
 to the store's files. It runs these checks, in order:
 
- 1. format              the certificate parses and is a version we know
+ 1. format              the certificate parses (no object repeats a key, and nothing but the
+                        certificate and its signature is beside them) and is a version we know
  2. signature           the body's Ed25519 signature verifies (under the pinned key, if pinned;
                         with --store, also under an earlier key the log proves endorsed up to
                         the pinned one, see :mod:`deleatur.log.keychain`; offline, such a
@@ -40,7 +41,7 @@ from ..log.keychain import KeyChain, key_entry_proofs, proven_key_chain, unprove
 from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
 from ..log.note import Note, NoteError, Verifier, describe, signers_of
 from ..log.report import Report
-from ..model import check_tenant
+from ..model import check_tenant, loads_document
 from ..store.evidence import StoreEvidence
 from .certificate import FORMAT, signed_message
 from .requests import NOTHING_HELD, is_request_id, space_pseudonym
@@ -113,10 +114,23 @@ def verify_certificate(
     expected_checkpoint: Note | None = None,
     store: StoreEvidence | None = None,
 ) -> Report:
+    """Verify ``document``: the certificate's JSON text (str or bytes), which check 1
+    reads strictly (see :func:`deleatur.model.loads_document`), or the value parsed
+    from it. Pass the text: parsed by ``json.loads``, a document that repeats a key
+    has lost the values a reader keeping the first one would read, unsigned."""
     report = Report("erasure certificate")
     try:
+        if isinstance(document, str | bytes):
+            try:
+                document = loads_document(document, "the document")
+            except InvalidInputError as exc:
+                raise _Invalid(exc.message) from None
         if not isinstance(document, dict):
             raise _Invalid(f"the document is not {_KINDS[dict]}")
+        if document.keys() - {"certificate", "signature"}:
+            # Every member of the body is signed; one beside it is not, and a reader may
+            # take it for part of the certificate.
+            raise _Invalid("the document has a member besides certificate and signature, which nothing signs")
         body = _field(document, "certificate", dict, "")
         signature = _b64(document.get("signature"), "signature")
         if _field(body, "format", str, "certificate") != FORMAT:

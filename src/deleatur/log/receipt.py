@@ -8,12 +8,13 @@ carries no nonce, so once the record is erased it confirms no guessed text.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidInputError
 from ..ids import is_record_id
+from ..model import loads_document
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .keychain import KeyChain, LogSource, unproven_hint
@@ -47,6 +48,10 @@ class Receipt:
     def from_json(cls, data: Any) -> Receipt:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ReceiptError(f"not a {FORMAT} receipt")
+        if data.keys() - {"format", "record_id", "entry", "tlog_proof"}:
+            # Nothing in a receipt is signed but its checkpoint: a member beside those it
+            # checks would be taken by a reader for something the receipt proves.
+            raise ReceiptError("receipt is malformed: it has a member besides format, record_id, entry and tlog_proof")
         # Each field is checked for its type: a forged receipt may carry anything, and the
         # report that names its record is sent back as JSON.
         record_id, entry, proof = data.get("record_id"), data.get("entry"), data.get("tlog_proof")
@@ -64,9 +69,10 @@ class Receipt:
     @classmethod
     def loads(cls, text: str) -> Receipt:
         try:
-            return cls.from_json(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise ReceiptError(f"receipt is not JSON: {exc.msg}") from None
+            data = loads_document(text, "receipt")
+        except InvalidInputError as exc:
+            raise ReceiptError(exc.message) from None
+        return cls.from_json(data)
 
 
 def verify_receipt(

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ..clock import Clock, system_clock
 from ..crypto.signing import write_text_secret
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
+from ..model import loads_document
 from ..sqlitefile import connect, immediate
 from .checkpoint import Checkpoint
 from .cosignature import Cosigner
@@ -123,11 +124,13 @@ def format_rotation_proof(request: str, entries: Sequence[KeyEntryProof]) -> str
 def parse_rotation_proof(text: str) -> tuple[str, list[KeyEntryProof]]:
     """The request and key entries of a rotation proof, checked for shape only."""
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
+        data = loads_document(text, "rotation proof")
+    except InvalidInputError as exc:
+        raise WitnessError(exc.message) from None
     if not isinstance(data, dict) or data.get("format") != ROTATION_FORMAT:
         raise WitnessError(f"not a {ROTATION_FORMAT} document")
+    if data.keys() - {"format", "request", "key_entries"}:
+        raise WitnessError("rotation proof: it has a member besides format, request and key_entries")
     request, entries = data.get("request"), data.get("key_entries")
     if not isinstance(request, str) or not isinstance(entries, list):
         raise WitnessError("rotation proof: it needs a request and a list of key entries")
@@ -135,6 +138,8 @@ def parse_rotation_proof(text: str) -> tuple[str, list[KeyEntryProof]]:
     for item in entries:
         if not isinstance(item, dict):
             raise WitnessError("rotation proof: a key entry is not an object")
+        if item.keys() - {"index", "entry", "proof"}:
+            raise WitnessError("rotation proof: a key entry has a member besides index, entry and proof")
         index, raw, proof = item.get("index"), item.get("entry"), item.get("proof")
         if not isinstance(index, int) or isinstance(index, bool) or index < 0 or not isinstance(raw, str):
             raise WitnessError("rotation proof: a key entry needs an index and an entry")

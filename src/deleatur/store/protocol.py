@@ -15,6 +15,11 @@ from typing import Any, Protocol
 
 from ..model import Space, SpaceFilter, Status
 
+#: The count an erasure request carries while the -wal may still hold page images of
+#: what it erased: a reader's snapshot kept the -wal from being truncated. The scrub that
+#: clears the store's mark (:meth:`Backend.scrub`) clears it from every request.
+WAL_NOT_TRUNCATED = "wal_not_truncated"
+
 #: A complete subtree of the log: (level, index, hash).
 Node = tuple[int, int, bytes]
 
@@ -322,12 +327,14 @@ class Backend(Protocol):
         """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
-    def scrub(self, *, wait: bool = True, settled: bool = True) -> bool:
+    def scrub(self, *, wait: bool = True, settled: bool = False) -> bool:
         """After a purge commits: leave no removed bytes in journals or free pages.
         False if other connections' read snapshots kept the -wal from being truncated
         (waiting for them up to the busy timeout, or not at all without ``wait``).
         ``settled``: whether the rest of the store (the key store's -wal) is clean too;
-        only then does a clean scrub clear :meth:`scrub_after_commit`'s mark."""
+        only then does a clean scrub clear :meth:`scrub_after_commit`'s mark, and
+        :data:`WAL_NOT_TRUNCATED` from the requests that carry it, in one transaction
+        (not if a removal committed since the truncation: its pages may be in the -wal)."""
         ...
 
     def scrub_after_commit(self) -> None:

@@ -18,7 +18,7 @@ from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
 from ..sqlitefile import connect, data_version, immediate, scrub, sidecar_files
-from .protocol import LineageStub, Node, RowFilter, SpaceRefs, StoredRow
+from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
 V = TypeVar("V")
@@ -935,20 +935,43 @@ class SQLiteBackend:
 
     def scrub_after_commit(self) -> None:
         """In a transaction that removes data: mark the store until a scrub succeeds, so
-        that if the process dies between the commit and the scrub, the next open scrubs."""
-        self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, '1')", (_SCRUB_PENDING,))
+        that if the process dies between the commit and the scrub, the next open scrubs.
+        Each removal marks it anew, so a scrub clears only a mark that was there before it
+        truncated the -wal."""
+        self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (_SCRUB_PENDING, uuid.uuid4().hex))
+
+    def _scrub_mark(self) -> str | None:
+        row = self._conn.execute("SELECT v FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone()
+        return None if row is None else str(row[0])
 
     def scrub_pending(self) -> bool:
-        return self._conn.execute("SELECT 1 FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone() is not None
+        return self._scrub_mark() is not None
 
-    def scrub(self, *, wait: bool = True, settled: bool = True) -> bool:
+    def scrub(self, *, wait: bool = True, settled: bool = False) -> bool:
+        mark = self._scrub_mark()
         clean = scrub(self._conn, wait=wait)
-        if clean and settled and self.scrub_pending():
-            self._conn.execute("DELETE FROM meta WHERE k = ?", (_SCRUB_PENDING,))
+        if clean and settled and mark is not None:
+            with immediate(self._conn):
+                self._conn.execute("DELETE FROM meta WHERE k = ? AND v = ?", (_SCRUB_PENDING, mark))
+                if self._conn.changes():
+                    self._clear_wal_not_truncated()
             # The -wal holds only that change now: truncating it again leaves it empty, as a
             # scrub promises; if a reader arrived meanwhile, what stays is no removed data.
             scrub(self._conn)
         return clean
+
+    def _clear_wal_not_truncated(self) -> None:
+        """The requests that said a reader kept the -wal from being truncated no longer
+        hold: it was truncated after each of them committed."""
+        rows = self._conn.execute(
+            "SELECT tenant, id, counts FROM erasure_requests WHERE counts LIKE ?", (f'%"{WAL_NOT_TRUNCATED}"%',)
+        ).fetchall()
+        for tenant, request_id, text in rows:
+            counts = {k: v for k, v in json.loads(str(text)).items() if k != WAL_NOT_TRUNCATED}
+            self._conn.execute(
+                "UPDATE erasure_requests SET counts = ? WHERE tenant = ? AND id = ?",
+                (json.dumps(counts, sort_keys=True), tenant, request_id),
+            )
 
     def files(self) -> list[Path]:
         return sidecar_files(self.path)
