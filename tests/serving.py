@@ -54,7 +54,11 @@ def serving(app: ASGIApp) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    # Idle connections kept past any test's length: a client that takes one the server
+    # is closing as idle (uvicorn's default is 5 s, which a loaded machine can leave a
+    # pooled connection unused for) fails its request with a ReadError, HTTP's own race.
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -19,7 +19,7 @@ from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
 from ..log.note import Note, NoteError, check_key_name
-from ..model import SpaceFilter, loads_unique
+from ..model import SpaceFilter
 from ..store.evidence import StoreEvidence
 from ..store.protocol import WAL_NOT_TRUNCATED
 from .common import (
@@ -258,13 +258,14 @@ def verify(
     """Verify an erasure certificate: one line per numbered check, NOTEs, VERDICT (exit 0 or 1)."""
     text = read_input(certificate_file)
     try:
-        document: Any = loads_unique(text, "the document", name_key=False)
+        # Whether it is JSON at all (else it is unreadable input, like a truncated file);
+        # verify_certificate reads the text itself, strictly, and fails at check 1 JSON
+        # whose readers disagree (a repeated key), saying why.
+        parsed: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{certificate_file} is not JSON: {exc.msg}") from None
     except (ValueError, RecursionError):  # an integer too long to convert, or nesting too deep
         raise InvalidInputError(f"{certificate_file} is not JSON this verifier can read") from None
-    except InvalidInputError:
-        document = text  # JSON whose readers disagree: verify_certificate fails it at check 1, saying why
     pinned = None
     if expected_checkpoint is not None:
         try:
@@ -275,13 +276,13 @@ def verify(
     if expected_pubkey is not None:
         # A raw hex key is named after the log it signs, which the certificate names.
         # A damaged certificate must reach verify_certificate, which names the check it fails.
-        body = document.get("certificate") if isinstance(document, dict) else None
+        body = parsed.get("certificate") if isinstance(parsed, dict) else None
         store_id = body.get("store") if isinstance(body, dict) else None
         origin = store_id.get("origin") if isinstance(store_id, dict) else None
         key = pin_key(expected_pubkey, origin if _is_key_name(origin) else "deleatur")
     evidence = None if store is None else StoreEvidence(store)
     try:
-        report = verify_certificate(document, expected_key=key, expected_checkpoint=pinned, store=evidence)
+        report = verify_certificate(text, expected_key=key, expected_checkpoint=pinned, store=evidence)
     finally:
         if evidence is not None:
             evidence.close()
