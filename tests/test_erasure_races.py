@@ -348,10 +348,10 @@ def test_a_scrub_keeps_the_mark_of_a_removal_committed_after_it_truncated(
             return clean
 
         monkeypatch.setattr(backend_module, "scrub", then_a_removal)
-        assert memory.backend.scrub(settled=True)
+        assert memory.backend.scrub(settled=memory.backend.scrub_mark())
         assert memory.backend.scrub_pending()
         monkeypatch.undo()
-        assert memory.backend.scrub(settled=True)
+        assert memory.backend.scrub(settled=memory.backend.scrub_mark())
         assert not memory.backend.scrub_pending()
 
 
@@ -619,3 +619,80 @@ def test_a_first_try_leaves_a_dead_erasures_keys_to_a_call_that_may_wait(
     memory.remember("Alice's new phone", subject="Alice")  # where it may wait
     assert [r.text for r in memory.list()] == ["Alice's new phone"]
     assert memory.erasure_request("R1").status is RequestStatus.COMPLETE
+
+
+def test_an_erasure_whose_scrub_never_ran_gets_no_certificate_claiming_a_clean_wal(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request is recorded complete before the -wal is truncated: a process that dies
+    in between, while a reader holds the -wal, left a request that says nothing of it. Its
+    certificate, issued meanwhile by another handle, must not take that for a clean -wal."""
+    from deleatur import sqlitefile
+
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)  # the reader stays till told
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.remember("qzneverscrubbed", subject="Alice")
+    dying = Memory.open(store_path, from_bytes(MASTER))
+    reader = apsw.Connection(str(store_path))
+    reader.execute("BEGIN").fetchall()
+    reader.execute("SELECT count(*) FROM meta").fetchall()  # an open read snapshot
+
+    class Died(BaseException):
+        pass
+
+    def die(*, wait: bool = True) -> bool:
+        raise Died
+
+    monkeypatch.setattr(dying, "_scrub", die)
+    with pytest.raises(Died):
+        dying.erase("Alice", request_id="R1", basis=BASIS, requester="dpo")
+    with Memory.open(store_path, from_bytes(MASTER)) as after:
+        assert after.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is False
+        assert after.erasure_request("R1").counts[WAL_NOT_TRUNCATED] == 1
+        reader.execute("COMMIT").fetchall()
+        reader.close()
+        assert after.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is True
+        assert WAL_NOT_TRUNCATED not in after.erasure_request("R1").counts
+    assert not any(b"qzneverscrubbed" in path.read_bytes() for path in store_files(store_path))
+
+
+def test_a_scrub_clears_no_mark_of_keys_destroyed_after_it_truncated_the_key_store(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One handle truncates the key store's -wal; then another erases, and a reader of
+    the key store keeps the destroyed key in its -wal. The first handle's scrub goes on to
+    the store's -wal: it must leave the erasure's mark and its request's flag."""
+    from deleatur.sqlitefile import scrubs_unwaited_during
+
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+    with (
+        Memory.open(store_path, from_bytes(MASTER)) as memory,
+        Memory.open(store_path, from_bytes(MASTER)) as other,
+    ):
+        memory.remember("about Alice", subject="Alice")
+        readers: list[apsw.Connection] = []
+        truncate_keys = other.keys.scrub
+
+        def then_an_erasure(*, wait: bool = True) -> bool:
+            clean = truncate_keys(wait=wait)
+            reader = apsw.Connection(str(memory.keys.path))
+            reader.execute("BEGIN").fetchall()
+            reader.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            readers.append(reader)
+            with scrubs_unwaited_during(lambda: True):  # as a server does while an export reads
+                memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo")
+            return clean
+
+        monkeypatch.setattr(other.keys, "scrub", then_an_erasure)
+        other._scrub()
+        monkeypatch.undo()
+        assert other.backend.scrub_pending()
+        with scrubs_unwaited_during(lambda: True):  # the reader stays till told
+            assert other.erasure_request("R1").counts[WAL_NOT_TRUNCATED] == 1
+            assert other.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is False
+        readers[0].execute("COMMIT").fetchall()
+        readers[0].close()
+        assert other.certificate("R1")["certificate"]["erasure"]["wal_truncated"] is True
+        assert not other.backend.scrub_pending()

@@ -515,8 +515,11 @@ class Memory:
     def _scrub(self, *, wait: bool = True) -> bool:
         """Truncate the -wal of the database and of the key store, as an erasure must:
         False if a reader kept either from being truncated."""
+        # The mark as it was before either -wal was truncated: a removal marks the store
+        # anew after it also destroyed keys, so a mark cleared here was truncated away in both.
+        mark = self.backend.scrub_mark()
         keys = self.keys.scrub(wait=wait)
-        return self.backend.scrub(wait=wait, settled=keys) and keys
+        return self.backend.scrub(wait=wait, settled=mark if keys else None) and keys
 
     def finish_scrub(self, *, wait: bool = True) -> bool:
         """Truncate both -wal files if a removal left them unscrubbed (a reader kept them

@@ -183,6 +183,9 @@ def finish_pending(memory: Memory, request: ErasureRequest) -> ErasureRequest:
     done = replace(request, status=RequestStatus.COMPLETE, completed_at=memory._clock(), counts=counts, pending_keys=())
     with memory.backend.atomic():
         memory.backend.put_request(done.to_row(), replace=True)
+        # The key store's -wal may hold the destroyed keys: marked anew after they went,
+        # so no scrub that read the erasure's own mark before then clears it.
+        memory.backend.scrub_after_commit()
     return done
 
 
@@ -197,8 +200,11 @@ def settle(memory: Memory, request: ErasureRequest) -> ErasureRequest:
             done = finish_pending(memory, request)
         except KeyStoreBusyError:
             done = request
-    elif WAL_NOT_TRUNCATED in request.counts:
-        done = request  # a reader kept the -wal from being truncated: try again
+    elif WAL_NOT_TRUNCATED in request.counts or memory.backend.scrub_pending():
+        # A reader kept the -wal from being truncated, or the store is marked (its
+        # process died, or a scrub is still waiting): try again, and say so if it fails,
+        # rather than let a certificate take the request's silence for a clean -wal.
+        done = request
     else:
         return request
     counts = {k: v for k, v in done.counts.items() if k != WAL_NOT_TRUNCATED}
@@ -290,6 +296,7 @@ def collect_unused_keys(memory: Memory, candidates: Iterable[bytes] | None = Non
             keys.destroy_ids(destroy, wait=False)
             with backend.atomic():
                 backend.set_collecting_keys([k for k in backend.collecting_keys() if k not in destroy])
+                backend.scrub_after_commit()  # after the keys went: see finish_pending
     keys.unsettled.difference_update(wanted or ())
     return len(doomed)
 

@@ -327,14 +327,18 @@ class Backend(Protocol):
         """(key id, verifier key, log index of its announcement, created at), oldest first."""
         ...
 
-    def scrub(self, *, wait: bool = True, settled: bool = False) -> bool:
+    def scrub(self, *, wait: bool = True, settled: str | None = None) -> bool:
         """After a purge commits: leave no removed bytes in journals or free pages.
         False if other connections' read snapshots kept the -wal from being truncated
         (waiting for them up to the busy timeout, or not at all without ``wait``).
-        ``settled``: whether the rest of the store (the key store's -wal) is clean too;
-        only then does a clean scrub clear :meth:`scrub_after_commit`'s mark, and
+        ``settled``: the mark (:meth:`scrub_mark`) read before the rest of the store (the
+        key store's -wal) was truncated clean; a clean scrub then clears that mark, and
         :data:`WAL_NOT_TRUNCATED` from the requests that carry it, in one transaction
-        (not if a removal committed since the truncation: its pages may be in the -wal)."""
+        (not a newer mark: a removal committed since may have pages in either -wal)."""
+        ...
+
+    def scrub_mark(self) -> str | None:
+        """The mark of :meth:`scrub_after_commit` (a new one for each removal), or None."""
         ...
 
     def scrub_after_commit(self) -> None:

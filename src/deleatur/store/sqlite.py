@@ -940,19 +940,18 @@ class SQLiteBackend:
         truncated the -wal."""
         self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (_SCRUB_PENDING, uuid.uuid4().hex))
 
-    def _scrub_mark(self) -> str | None:
+    def scrub_mark(self) -> str | None:
         row = self._conn.execute("SELECT v FROM meta WHERE k = ?", (_SCRUB_PENDING,)).fetchone()
         return None if row is None else str(row[0])
 
     def scrub_pending(self) -> bool:
-        return self._scrub_mark() is not None
+        return self.scrub_mark() is not None
 
-    def scrub(self, *, wait: bool = True, settled: bool = False) -> bool:
-        mark = self._scrub_mark()
+    def scrub(self, *, wait: bool = True, settled: str | None = None) -> bool:
         clean = scrub(self._conn, wait=wait)
-        if clean and settled and mark is not None:
+        if clean and settled is not None:
             with immediate(self._conn):
-                self._conn.execute("DELETE FROM meta WHERE k = ? AND v = ?", (_SCRUB_PENDING, mark))
+                self._conn.execute("DELETE FROM meta WHERE k = ? AND v = ?", (_SCRUB_PENDING, settled))
                 if self._conn.changes():
                     self._clear_wal_not_truncated()
             # The -wal holds only that change now: truncating it again leaves it empty, as a
