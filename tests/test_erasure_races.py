@@ -242,15 +242,7 @@ def test_a_reader_blocking_the_wal_truncation_is_stated(store_path: Path, monkey
 
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 100)
     with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
-        memory.new_signing_key()
-        memory.remember("before", subject="Bob")
-        reader = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
-        reader.execute("BEGIN").fetchall()
-        reader.execute("SELECT count(*) FROM records").fetchall()  # an open read snapshot
-        memory.remember("qzwalsecret", subject="Alice")
-        request = memory.erase("Alice", request_id="R1", basis=BASIS, requester="dpo").request
-        assert request is not None
-        assert request.counts["wal_not_truncated"] == 1
+        reader = _erased_behind_a_reader(memory, store_path)
         held = memory.certificate("R1")["certificate"]
         assert held["erasure"]["wal_truncated"] is False
         assert any("write-ahead log" in line for line in held["scope_statement"]["does_not_cover"])

@@ -218,38 +218,32 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc}") from None
-    _check_keys(metadata)
-    decoded: dict[str, Any] = json.loads(encoded)
-    if _depth(decoded) > MAX_METADATA_DEPTH:
+    if _depth(metadata) > MAX_METADATA_DEPTH:
         # Deeper values break JSON encoders downstream (the servers, exports).
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
+    decoded: dict[str, Any] = json.loads(encoded)
     return decoded
 
 
-def _check_keys(metadata: Mapping[Any, Any]) -> None:
-    """Every object's keys are strings: json.dumps would turn 1, 1.5, True and None into
-    "1", "1.5", "true" and "null", and {1: "a", "1": "b"} into one key. Walked after
-    json.dumps took the value, so it is finite and acyclic."""
-    stack: list[Any] = [metadata]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise InvalidInputError(f"metadata keys must be strings, not {_a(type(key))}")
-                stack.append(child)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-
-
 def _depth(value: Any) -> int:
-    """How deeply ``value`` nests, without recursion (it may be thousands deep)."""
+    """How deeply ``value`` nests, without recursion (it may be thousands deep), as its
+    JSON will; a key that is not a string is refused: json.dumps would turn 1, 1.5, True
+    and None into "1", "1.5", "true" and "null", and {1: "a", "1": "b"} into one key.
+    Walked once json.dumps took the value, so it is finite and acyclic."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+        if isinstance(item, Mapping):
+            for key in item:
+                if not isinstance(key, str):
+                    raise InvalidInputError(f"metadata keys must be strings, not {_a(type(key))}")
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
     return deepest
 
 
