@@ -14,7 +14,9 @@ over N is the figure (the setup and the interpreter's start cancel out). The par
 - ``view``: ``authenticate`` + ``as_principal``, as the server does per request;
 - ``ranking``: the store's ranking query alone (the rows, still encrypted);
 - ``decrypt``: decrypting one query's ten rows into records;
-- ``recall``: the whole call (a view, then ``recall``), audit entry included.
+- ``recall``: the whole call (a view, then ``recall``), audit entry included;
+- ``grouped``: the same, its audit entry group-committed with those of 31 others, as the
+  server writes the entries of the reads it serves at once (``servers/groupcommit.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from bench_http import WORDS, prepare
 from deleatur import Memory, Space, from_bytes
 from deleatur.servers.auth import as_caller
 
-PARTS = ("view", "ranking", "decrypt", "recall")
+PARTS = ("view", "ranking", "decrypt", "recall", "grouped")
+GROUP = 32
 MASTER = bytes(32)
 
 
@@ -44,6 +47,7 @@ def child(store: Path, part: str, calls: int) -> None:
             rows = [row for row, _ in memory._ranked(WORDS[1], Space(), 10)]
             for i in range(50):  # warm-up: caches, prepared statements
                 as_caller(memory, key).recall(WORDS[(i * 31) % len(WORDS)])
+            batch = memory.audit_batch()
             for i in range(calls):
                 word = WORDS[(i * 31) % len(WORDS)]
                 if part == "view":
@@ -53,8 +57,13 @@ def child(store: Path, part: str, calls: int) -> None:
                 elif part == "decrypt":
                     for row in rows:
                         memory._decrypt(row)
-                else:
+                elif part == "recall":
                     as_caller(memory, key).recall(word)
+                else:
+                    with batch.collecting():
+                        as_caller(memory, key).recall(word)
+                    if len(batch) == GROUP or i == calls - 1:
+                        batch.write()
 
 
 def count(store: Path, part: str, calls: int) -> int:

@@ -31,12 +31,14 @@ from deleatur import (
     Role,
     Space,
     SpaceFilter,
+    StoreBusyError,
     from_bytes,
 )
 from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.erasure.verify import verify_certificate
+from deleatur.sqlitefile import first_try
 
 from .conftest import MASTER, Cli, FakeClock, store_files
 
@@ -512,6 +514,64 @@ def test_a_call_refused_inside_a_read_snapshot_is_audited_as_it_ends(memory: Mem
     calls = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
     assert [(c["actor"], c["action"], c["error"]) for c in calls if c["outcome"] == "denied"] == [
         (before.id, "log.verify", "principal")
+    ]
+    assert memory.verify_audit().ok
+
+
+def test_an_audit_batch_writes_its_calls_entries_together_and_keeps_them_while_refused(
+    memory: Memory, store_path: Path
+) -> None:
+    """Reads and refusals in a batch's block leave their entries in the batch, not the
+    log; a write still commits its own entry at once. The batch writes them in call
+    order, in one transaction; a write refused by a lock held elsewhere keeps them (and
+    those collected meanwhile) for the next, and a batch written is empty."""
+    record = memory.remember("batched", subject="a", space=U1)
+    reader, _ = memory.create_principal("reader", Role.VIEWER, scopes=["u1"])
+    view = memory.as_principal(reader)
+    start = memory.backend.log_size()
+    transactions: list[str] = []
+
+    def traced(_cursor: apsw.Cursor, sql: str, _bindings: Any) -> bool:
+        if sql.startswith("BEGIN"):
+            transactions.append(sql)
+        return True
+
+    batch = memory.audit_batch()
+    with batch.collecting():
+        assert [h.record.id for h in view.recall("batched", space=U1)] == [record.id]
+        assert view.get(record.id, space=U1).text == "batched"
+        with pytest.raises(AccessDeniedError):
+            view.list(space=U2)
+        assert memory.backend.log_size() == start and len(batch) == 3
+        memory.remember("written at once", subject="a", space=U1)
+        assert memory.backend.log_size() == start + 2  # the record's entry and its call's
+    holder = apsw.Connection(str(store_path))
+    holder.execute("BEGIN IMMEDIATE").fetchall()
+    try:
+        with first_try(), pytest.raises(StoreBusyError):
+            batch.write()
+    finally:
+        holder.execute("ROLLBACK").fetchall()
+        holder.close()
+    with batch.collecting():
+        view.recall("batched", space=U1)
+    assert memory.backend.log_size() == start + 2 and len(batch) == 4
+    conn: apsw.Connection = memory.backend._conn  # type: ignore[attr-defined]
+    conn.exec_trace = traced
+    try:
+        batch.write()
+        batch.write()  # nothing left to write: no transaction
+    finally:
+        conn.exec_trace = None
+    assert len(transactions) == 1 and len(batch) == 0
+    calls = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
+    assert [(c["action"], c["outcome"]) for c in calls] == [
+        ("remember", "ok"),
+        ("recall", "ok"),
+        ("get", "ok"),
+        ("list", "denied"),
+        ("recall", "ok"),
+        ("audit.show", "ok"),  # this reading of the trail
     ]
     assert memory.verify_audit().ok
 

@@ -449,10 +449,11 @@ NOT_IN_CLIENT = {
     "export_csv",
     "residue",
     # A server's own handles: what it signs and reads as of a moment (its verifications),
-    # and the -wal it truncates as such a read ends.
+    # the -wal it truncates as such a read ends, and the reads' entries it group-commits.
     "sign_pending",
     "read_snapshot",
     "finish_scrub",
+    "audit_batch",
 }
 
 

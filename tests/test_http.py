@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from deleatur import (
     AccessDeniedError,
+    AuditBatch,
     AuthenticationError,
     Checkpoint,
     DeleaturError,
@@ -834,6 +835,90 @@ def test_a_verification_covers_what_every_handle_of_the_server_appended(tmp_path
         assert pool.size == 2
         verdicts = [http.get(route).json()["verdict"] for route in ("/v1/log/verify", "/v1/audit/verify")]
     assert verdicts == ["PASS", "PASS"]
+
+
+def test_reads_served_together_are_answered_once_their_entries_commit_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another process holds the write lock, recalls are still served (their audit
+    entries wait in one group, so they need no lock) but none is answered: a read is not
+    answered before its entry is committed. Once the lock is free, one transaction
+    writes every entry, and then every recall is answered."""
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)
+    readers = 8
+    writes: list[tuple[int, bool]] = []  # (entries, committed) of each try
+    gathered = threading.Event()
+    real = AuditBatch.write
+
+    def watched(batch: AuditBatch) -> None:
+        size = len(batch)
+        if size == readers:
+            gathered.set()
+        try:
+            real(batch)
+        except BaseException:
+            writes.append((size, False))
+            raise
+        writes.append((size, True))
+
+    monkeypatch.setattr(AuditBatch, "write", watched)
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        assert http.post("/v1/memories", json={"text": "grouped reads", "subject": "a"}).status_code == 201
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        answers: list[httpx.Response] = []
+
+        def recall() -> None:
+            answers.append(http.get("/v1/memories/search", params={"q": "grouped"}))
+
+        threads = [threading.Thread(target=recall) for _ in range(readers)]
+        for thread in threads:
+            thread.start()
+        try:
+            assert gathered.wait(timeout=60), "the recalls' entries never gathered in one group"
+            assert not answers  # each waits for its entry
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert [a.status_code for a in answers] == [200] * readers
+        assert all([h["text"] for h in a.json()["hits"]] == ["grouped reads"] for a in answers)
+    holder.close()
+    assert [size for size, committed in writes if committed] == [readers]
+    assert all(not committed for _, committed in writes[:-1])
+    with opener() as memory:
+        actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
+    assert actions.count("recall") == readers
+
+
+def test_reads_whose_entries_cannot_be_written_are_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock held elsewhere past the busy timeout keeps the recalls' group from being
+    written: each recall is a 503, not an answer without its entry, and the next recall
+    after the lock is free starts a new group and is answered."""
+    from deleatur import sqlitefile
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 300)
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        assert http.post("/v1/memories", json={"text": "unwritten reads", "subject": "a"}).status_code == 201
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        try:
+            refused = http.get("/v1/memories/search", params={"q": "unwritten"})
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_busy"
+        answered = http.get("/v1/memories/search", params={"q": "unwritten"})
+        assert answered.status_code == 200 and len(answered.json()["hits"]) == 1
+    holder.close()
+    with opener() as memory:
+        actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
+    assert actions.count("recall") == 1
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(

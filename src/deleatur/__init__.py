@@ -4,6 +4,7 @@ The public surface is re-exported here; everything else is internal.
 """
 
 from .access.audit import AuditEntry, AuditTrail
+from .access.batch import AuditBatch
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .decisions.snapshots import Decision
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError",
     "AmbiguousSubjectError",
+    "AuditBatch",
     "AuditEntry",
     "AuditTrail",
     "AuthenticationError",

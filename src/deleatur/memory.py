@@ -32,6 +32,7 @@ from .access import admin, calls
 from .access.audit import AuditTrail
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
+from .access.batch import AuditBatch
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
 from .access.principals import Capability, Principal, Role
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
@@ -182,8 +183,8 @@ class _Shared:
     unsigned: bool = False
     #: The store's data_version when this handle last checked which key signs the log.
     signer_checked: int = -1
-    #: Inside a read snapshot (:meth:`Memory.read_snapshot`), which can write nothing:
-    #: the entries calls made in it would have written in transactions of their own.
+    #: Where calls' entries go that would be written in transactions of their own,
+    #: inside a read snapshot (which can write nothing) or an :class:`AuditBatch`.
     deferred: builtins.list[Entry] | None = None
 
 
@@ -904,16 +905,18 @@ class Memory:
 
     @contextmanager
     def _read_snapshot(self) -> Iterator[None]:
-        deferred: builtins.list[Entry] = []
-        self._shared.deferred = deferred
+        batch = AuditBatch(self)
         try:
-            with self.backend.snapshot():
+            with batch.collecting(), self.backend.snapshot():
                 yield
         finally:
-            self._shared.deferred = None
-            if deferred:
-                with self._logged(audit_only=True) as events:
-                    events.extend((entry, None) for entry in deferred)
+            batch.write()
+
+    def audit_batch(self) -> AuditBatch:
+        """A batch to collect the entries that calls would write in transactions of their
+        own (a read's, a refusal's, a failure's) and write them in one: a server's group
+        commit. Answer none of those calls before :meth:`AuditBatch.write` returns."""
+        return AuditBatch(self)
 
     @guarded("log.verify", V, audit=False)
     def verify_log(

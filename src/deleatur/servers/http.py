@@ -58,6 +58,7 @@ from .calls import (
 )
 from .defaults import DEFAULT_BASIS, DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
+from .groupcommit import AuditGroups, Group
 from .pool import HandlePool
 
 # Pauses of a request between tries for a lock another process holds: short at first,
@@ -624,12 +625,35 @@ def create_app(
     # lasts, holding the handle, and with one handle `turn` too: none does meanwhile.
     long_reads = _LongReads()
 
-    async def serve(call: Callable[[Memory], T], *, inline: bool = False) -> T:
+    async def serve(call: Callable[[Memory], T], *, inline: bool = False, reads: bool = False) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
-        key: in a worker thread, or, for an ``inline`` call (one that takes no lock but
-        the write lock, and reads or writes a record or two), in the event loop itself
-        when there is one handle, which spares the thread's cost (a fifth of the
-        throughput, BENCHMARKS.md).
+        key (see ``on_store``).
+
+        ``reads``: the call reads records and writes nothing but its audit entry. With
+        one handle, such calls' entries are group-committed: a call is answered once its
+        entry is written together with those of the reads served meanwhile, a transaction
+        for many reads rather than one each. (Not for a read of the log: the library's
+        trail shows the reading call's own entry, which a group writes after it.)"""
+        api_key = _API_KEY.get()
+        joined: set[Group] = set()
+
+        def work(memory: Memory) -> T:
+            if groups is None or not reads:
+                return call(as_caller(memory, api_key))
+            with groups.collecting(memory, joined):
+                return call(as_caller(memory, api_key))
+
+        try:
+            return await on_store(work, inline=inline, reads=reads)
+        finally:
+            if groups is not None and joined:
+                await groups.written(joined)
+
+    async def on_store(work: Callable[[Memory], T], *, inline: bool, reads: bool = False) -> T:
+        """Run ``work`` on a leased handle: in a worker thread, or, for an ``inline`` call
+        (one that takes no lock but the write lock, and reads or writes a record or two),
+        in the event loop itself when there is one handle, which spares the thread's cost
+        (a fifth of the throughput, BENCHMARKS.md).
 
         No call holds the handle while another process holds a lock it needs: a try
         waits for a lock at most ``FIRST_TRY_WAIT_MS`` (sqlitefile.first_try), then gives
@@ -638,12 +662,11 @@ def create_app(
         the handle serves the other requests, those that need no lock included. Work that
         may wait long for other connections (finishing a dead erasure's key destruction)
         is done in a thread that waits as long as it must."""
-        api_key = _API_KEY.get()
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
         def run() -> T:
             with pool.lease() as memory, scrubs_unwaited_during(long_reads):
-                return call(as_caller(memory, api_key))
+                return work(memory)
 
         def tried() -> T | _Refused:
             with first_try() as attempt:
@@ -666,10 +689,11 @@ def create_app(
                     return work()
                 return await anyio.to_thread.run_sync(work)
 
-        if inline and retrying.locked():
+        if inline and retrying.locked() and not (reads and groups is not None):
             # A refused request is waiting for a lock held elsewhere: a try in the loop
             # would stall it up to FIRST_TRY_WAIT_MS for every request arriving, so this
-            # one queues behind that one instead, and tries when its turn comes.
+            # one queues behind that one instead, and tries when its turn comes. A read
+            # whose entry goes to a group takes no lock: it goes ahead.
             result: T | _Refused = _Refused(
                 StoreBusyError("another process holds the store's write lock; nothing was changed: try again"),
                 patient=False,
@@ -704,6 +728,8 @@ def create_app(
         done = await on_handle(run, in_loop=False)
         assert not isinstance(done, _Refused)
         return done
+
+    groups = AuditGroups(lambda write: on_store(write, inline=True)) if handles == 1 else None
 
     verifying = asyncio.Lock()  # one whole-log verification at a time
 
@@ -787,7 +813,7 @@ def create_app(
         )
 
     async def search(q: str, space: Space, limit: int) -> dict[str, Any]:
-        hits = await serve(lambda m: m.recall(q, space=space, limit=limit), inline=True)
+        hits = await serve(lambda m: m.recall(q, space=space, limit=limit), inline=True, reads=True)
         return {"hits": [h.to_json() for h in hits]}
 
     @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
@@ -810,7 +836,8 @@ def create_app(
 
     @app.get("/v1/memories/{record_id}", tags=["memories"], responses=_LOOKUP)
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        return await serve(lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json(), inline=True)
+        where = Space(user_id, agent_id, run_id)
+        return await serve(lambda m: m.get(record_id, space=where).to_json(), inline=True, reads=True)
 
     @app.get("/v1/memories", tags=["memories"], responses=_READ)
     async def list_(
@@ -840,6 +867,7 @@ def create_app(
                 max_bytes=max_page_bytes,
             ),
             inline=True,
+            reads=True,
         )
         return {"records": [r.to_json() for r in records], "next": cursor}
 
@@ -858,6 +886,7 @@ def create_app(
         records, cursor = await serve(
             lambda m: history_page(m, key=key, space=where, limit=limit, after=after, max_bytes=max_page_bytes),
             inline=True,
+            reads=True,
         )
         return {"records": [r.to_json() for r in records], "next": cursor}
 
