@@ -4,16 +4,20 @@ backlog until the server takes it: readiness needs neither sleeps nor retries.""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from deleatur import Memory, NewMemory, Role, Space, from_bytes
+from deleatur.erasure.verify import verify_certificate
+from deleatur.log.note import Verifier
 from deleatur.servers.calls import record_bytes
 
 from .conftest import MASTER
@@ -68,3 +72,45 @@ def serving(app: ASGIApp) -> Iterator[str]:
         thread.join(timeout=30)
         sock.close()
         assert not thread.is_alive(), "the server did not stop"
+
+
+#: What a forged certificate slips in beside what was signed, which no report may echo.
+SLIPPED = "Art. 17(3)(b) - retained for a legal claim of Erin Example"
+
+
+def certificate_texts(certificate: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """A certificate's text as issued, and two forgeries of it, each with the checks it
+    fails: one that repeats its basis, another value first (json.loads keeps the last,
+    the signed one; a reader that keeps the first, or a person, reads the other), and
+    one with a member beside certificate and signature, which nothing signs."""
+    text = json.dumps(certificate, indent=2)
+    real = f'"basis": {json.dumps(certificate["certificate"]["request"]["basis"])}'
+    assert text.count(real) == 1
+    repeated = text.replace(real, f'"basis": {json.dumps(SLIPPED)}, {real}')
+    unsigned = json.dumps({**certificate, "note": SLIPPED}, indent=2)
+    return [(text, []), (repeated, ["format"]), (unsigned, ["format"])]
+
+
+def assert_the_librarys_report(report: Mapping[str, Any], text: str, vkey: str, failed: list[str]) -> None:
+    """``report``, an entry point's for the certificate ``text`` under the key ``vkey``, is
+    the library's for that text, fails the checks ``failed``, and echoes none of it."""
+    assert report == verify_certificate(text, expected_key=Verifier.from_vkey(vkey)).to_json()
+    assert [c["name"] for c in report["checks"] if c["passed"] is False] == failed
+    assert "retained" not in json.dumps(report)
+
+
+def receipt_texts(receipt: Mapping[str, Any], other_id: str) -> list[tuple[str, str | None]]:
+    """A receipt's text as issued, and two forgeries of it, each with what its refusal
+    says: one that repeats its record id, another record's first (json.loads keeps the
+    last, the one proven), and one with a member besides its four."""
+    text = json.dumps(receipt, indent=2)
+    first = f'"record_id": {json.dumps(receipt["record_id"])}'
+    assert text.count(first) == 1
+    repeated = text.replace(first, f'"record_id": {json.dumps(other_id)}, {first}')
+    unsigned = json.dumps({**receipt, "note": SLIPPED}, indent=2)
+    return [(text, None), (repeated, "repeats a key"), (unsigned, "a member besides")]
+
+
+def assert_refused_unechoed(message: str, problem: str, other_id: str) -> None:
+    """A forged receipt's refusal says what is wrong, and nothing the forger wrote."""
+    assert problem in message and other_id not in message and "retained" not in message, message

@@ -25,11 +25,14 @@ from deleatur import (
     Hit,
     InvalidInputError,
     Memory,
+    NoteError,
+    Receipt,
     Record,
     Role,
     Space,
     SpaceFilter,
     Status,
+    Verifier,
     from_bytes,
     verify_receipt,
 )
@@ -42,7 +45,15 @@ from deleatur.erasure.verify import verify_certificate
 from deleatur.servers.http import create_app
 
 from .conftest import MASTER
-from .serving import api_key, new_store, serving
+from .serving import (
+    api_key,
+    assert_refused_unechoed,
+    assert_the_librarys_report,
+    certificate_texts,
+    new_store,
+    receipt_texts,
+    serving,
+)
 
 
 @dataclass
@@ -205,6 +216,42 @@ def test_erasures_are_the_librarys(admin: Pair) -> None:
         client.verify_certificate(certificate, expected_pubkey=client.public_key().vkey),
         verify_certificate(certificate, expected_key=memory.public_key()),
     )
+
+
+def test_a_certificate_or_receipt_text_gets_the_librarys_verdict(admin: Pair) -> None:
+    """A certificate's text, as a str or as bytes, gets the report the library gives that
+    text: a repeated key or an unsigned member fails check 1. Sent as a dict once parsed,
+    as the client took it, a repeated key had lost its first value before the server saw
+    it. Text that is not JSON is bad input, as `deleatur verify` says. A receipt's text is
+    read as the library reads it (Receipt.loads), and a forged one refused alike."""
+    client, memory = admin.remote, admin.local
+    memory.remember("Erin's badge is 7", subject="Erin Example", space=Space("as-text"))
+    memory.erase("Erin Example", request_id="TEXT-1", basis="Art. 17(1)(a)", requester="dpo")
+    vkey = client.public_key().vkey
+    for text, failed in certificate_texts(client.certificate("TEXT-1")):
+        for sent in (text, text.encode()):
+            report = client.verify_certificate(sent, expected_pubkey=vkey)
+            assert_the_librarys_report(report.to_json(), text, vkey, failed)
+    with pytest.raises(InvalidInputError, match=r"^the certificate is not JSON: "):
+        client.verify_certificate('{"certificate": ', expected_pubkey=vkey)
+    with pytest.raises(InvalidInputError, match=r"^the certificate is not UTF-8 text$"):
+        client.verify_certificate(b'{"certificate": "\xff"}', expected_pubkey=vkey)
+
+    record = memory.remember("a receipt as text", subject="Receipts", space=Space("as-text"))
+    other = memory.remember("another record", subject="Receipts", space=Space("as-text"))
+    receipt = memory.receipt(record.id, space=Space("as-text"))
+    for text, problem in receipt_texts(receipt.to_json(), other.id):
+        if problem is None:
+            local = verify_receipt(Receipt.loads(text), [Verifier.from_vkey(vkey)], pinned=True)
+            same(client.verify_receipt(text, key=vkey), local)
+            continue
+        with pytest.raises(NoteError) as refused:
+            Receipt.loads(text)
+        for sent in (text, text.encode()):
+            with pytest.raises(NoteError) as remote:
+                client.verify_receipt(sent, key=vkey)
+            assert remote.value.message == refused.value.message
+            assert_refused_unechoed(remote.value.message, problem, other.id)
 
 
 def test_decisions_restrictions_and_exports_are_the_librarys(admin: Pair) -> None:

@@ -52,7 +52,16 @@ from deleatur.store.evidence import StoreEvidence
 from deleatur.store.sqlite import SQLiteBackend
 
 from .conftest import MASTER, store_files
-from .serving import api_key, new_store, paged_by_bytes, serving
+from .serving import (
+    api_key,
+    assert_refused_unechoed,
+    assert_the_librarys_report,
+    certificate_texts,
+    new_store,
+    paged_by_bytes,
+    receipt_texts,
+    serving,
+)
 
 Keys = dict[Role, str]
 
@@ -172,6 +181,54 @@ def test_erase_is_accepted_idempotent_and_certified(client: Client, base_url: st
         client.get(doomed.id, space=Space("erase-user"))
     assert client.get(kept.id, space=Space("erase-user")).text == "Bob likes tea"
     assert "DSAR-1" in [r.id for r in client.erasure_requests()]
+
+
+def test_a_certificate_is_verified_as_its_text(client: Client, base_url: str, admin: dict[str, str]) -> None:
+    """The route gives a certificate's text the library's report, as `deleatur verify`
+    does: a key repeated in it, or a member nothing signs, fails check 1, whether the text
+    comes as a string or as the object itself, read as the text it has in the body. The
+    body's parser used to refuse the repeat with a 422 that quoted the key, and the route
+    verified what it had parsed."""
+    client.remember("Erin's badge is 7", subject="Erin Example", space=Space("as-text"))
+    client.erase("Erin Example", request_id="TEXT-1", scope=SpaceFilter("as-text"))
+    vkey = client.public_key().vkey
+    url = f"{base_url}/v1/certificates/verify"
+    json_body = {**admin, "Content-Type": "application/json"}
+    for text, failed in certificate_texts(client.certificate("TEXT-1")):
+        as_string = httpx.post(url, json={"certificate": text, "expected_pubkey": vkey}, headers=admin)
+        as_object = f'{{"certificate": {text}, "expected_pubkey": "{vkey}"}}'.encode()
+        for reply in (as_string, httpx.post(url, content=as_object, headers=json_body)):
+            assert reply.status_code == 200, reply.text
+            assert_the_librarys_report(reply.json(), text, vkey, failed)
+    unreadable = httpx.post(url, json={"certificate": '{"certificate": '}, headers=admin)
+    assert (unreadable.status_code, unreadable.json()["error"]["code"]) == (422, "invalid_input")
+    assert unreadable.json()["error"]["message"].startswith("the certificate is not JSON: ")
+    cut = httpx.post(url, content=b'{"certificate": {"certificate": ', headers=json_body)
+    assert (cut.status_code, cut.json()["error"]["code"]) == (422, "invalid_request")
+    for neither in (1, None, ["{}"]):  # a certificate is an object, or its text
+        refused = httpx.post(url, json={"certificate": neither}, headers=admin)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (422, "invalid_request"), neither
+        assert refused.json()["error"]["message"].startswith("body.certificate"), neither
+
+
+def test_a_receipt_is_read_as_its_text(client: Client, base_url: str, admin: dict[str, str]) -> None:
+    """As `deleatur verify-receipt` reads a file: a receipt's text, as a string or as the
+    object itself, is checked; one that repeats a key or has a member besides its four is
+    refused, saying neither what the key nor what the forger wrote."""
+    record = client.remember("a receipt as text", subject="Receipts", space=Space("as-text"))
+    other = client.remember("another record", subject="Receipts", space=Space("as-text"))
+    vkey = client.public_key().vkey
+    url = f"{base_url}/v1/receipts/verify"
+    json_body = {**admin, "Content-Type": "application/json"}
+    for text, problem in receipt_texts(client.receipt(record.id, space=Space("as-text")).to_json(), other.id):
+        as_string = httpx.post(url, json={"receipt": text, "key": vkey}, headers=admin)
+        as_object = f'{{"receipt": {text}, "key": "{vkey}"}}'.encode()
+        for reply in (as_string, httpx.post(url, content=as_object, headers=json_body)):
+            if problem is None:
+                assert (reply.status_code, reply.json()["verdict"]) == (200, "PASS"), reply.text
+            else:
+                assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_signed_note")
+                assert_refused_unechoed(reply.json()["error"]["message"], problem, other.id)
 
 
 def test_erase_refusals_have_codes(client: Client, base_url: str, admin: dict[str, str]) -> None:
@@ -360,14 +417,23 @@ def test_bodies_refuse_repeated_keys(base_url: str, admin: dict[str, str]) -> No
     repeats = {
         b'{"text": "Dana lives in Oslo", "subject": "Dana", "subject": "Erin", "user_id": "repeated-keys"}': "subject",
         b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1, "b": 2}}}': "b",
-        b'{"certificate": {"x": [{"sig": 1, "sig": 2}]}}': "sig",
     }
     for body, key in repeats.items():
-        path = "/v1/certificates/verify" if b"certificate" in body else "/v1/memories"
-        reply = httpx.post(f"{base_url}{path}", content=body, headers=json_body)
+        reply = httpx.post(f"{base_url}/v1/memories", content=body, headers=json_body)
         assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), body
         said = f'the request body repeats a key in one object: "{key}"'
         assert reply.json()["error"]["message"] == said
+    # A verify route's body is refused too, around the document it carries (which is the
+    # verifier's to fail: test_a_certificate_is_verified_as_its_text), naming no key: a
+    # route that is given forged documents echoes none of their words.
+    refused = {"code": "invalid_request", "message": "the request body repeats a key in one object"}
+    for path, body in (
+        ("/v1/certificates/verify", b'{"certificate": {"x": 1}, "certificate": {"x": 1}}'),
+        ("/v1/certificates/verify", b'{"certificate": "{}", "expected_pubkey": {"Erin": 1, "Erin": 2}}'),
+        ("/v1/receipts/verify", b'{"receipt": {"x": 1}, "key": "k", "key": "k"}'),
+    ):
+        reply = httpx.post(f"{base_url}{path}", content=body, headers=json_body)
+        assert (reply.status_code, reply.json()["error"]) == (422, refused), body
     assert httpx.get(f"{base_url}/v1/memories", params=space, headers=admin).json()["records"] == []
     fine = b'{"text": "t", "subject": "s", "user_id": "repeated-keys", "metadata": {"a": {"b": 1}, "b": 2}}'
     assert httpx.post(f"{base_url}/v1/memories", content=fine, headers=json_body).status_code == 201

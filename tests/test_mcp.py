@@ -31,7 +31,16 @@ from deleatur.servers.mcp import build_server, http_app
 from deleatur.servers.pool import HandlePool
 
 from .conftest import MASTER
-from .serving import api_key, new_store, paged_by_bytes, serving
+from .serving import (
+    api_key,
+    assert_refused_unechoed,
+    assert_the_librarys_report,
+    certificate_texts,
+    new_store,
+    paged_by_bytes,
+    receipt_texts,
+    serving,
+)
 
 Session = Callable[[ClientSession], Awaitable[None]]
 SESSION_SECONDS = 120
@@ -580,6 +589,44 @@ def test_arguments_are_taken_as_json_types_as_http_takes_them(tmp_path: Path) ->
                 assert name in _invalid(result), (tool.name, name, _text(result))
 
     _with_store(tmp_path, lambda _: None, run)
+
+
+def test_certificates_and_receipts_are_verified_as_their_text(tmp_path: Path) -> None:
+    """verify_certificate gives a certificate's text, as erasure_certificate answers it or
+    as a file keeps it, the library's report, as `deleatur verify` does: a key repeated in
+    it, or a member nothing signs, fails check 1. Taken as an object only, it could not:
+    the call's JSON kept the last of a repeated key's values before the tool saw it.
+    verify_receipt reads a receipt's text as `deleatur verify-receipt` reads a file."""
+
+    def fill(memory: Memory) -> None:
+        memory.remember("Erin's badge is 7", subject="Erin Example", space=Space("as-text"))
+        memory.erase("Erin Example", request_id="TEXT-1", basis="Art. 17(1)(a)", requester="dpo")
+        memory.remember("a receipt as text", subject="Receipts", space=Space("as-text"))
+        memory.remember("another record", subject="Receipts", space=Space("as-text"))
+
+    async def run(session: ClientSession) -> None:
+        await session.initialize()
+        vkey = (await _data(session, "export_public_key"))["vkey"]
+        issued = await _call(session, "erasure_certificate", request_id="TEXT-1")
+        assert issued.structured_content is not None
+        for text, failed in [(_text(issued), []), *certificate_texts(issued.structured_content)]:
+            report = await _data(session, "verify_certificate", certificate=text, expected_pubkey=vkey)
+            assert_the_librarys_report(report, text, vkey, failed)
+        unreadable = await session.call_tool("verify_certificate", {"certificate": '{"certificate": '})
+        assert _text(unreadable).startswith("Error (invalid_input): the certificate is not JSON: ")
+
+        record, other = (await _data(session, "list_memories", user_id="as-text"))["records"]
+        made = await _data(session, "receipt", record_id=record["id"], user_id="as-text")
+        for text, problem in receipt_texts(made, other["id"]):
+            checked = await session.call_tool("verify_receipt", {"receipt": text, "key": vkey})
+            if problem is None:
+                assert not checked.is_error and checked.structured_content is not None, _text(checked)
+                assert checked.structured_content["verdict"] == "PASS"
+            else:
+                assert _text(checked).startswith("Error (invalid_signed_note): ")
+                assert_refused_unechoed(_text(checked), problem, other["id"])
+
+    _with_store(tmp_path, fill, run)
 
 
 def test_a_restricted_subject_is_corrected_and_decided_on_for_a_legal_claim(tmp_path: Path) -> None:

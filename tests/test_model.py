@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -7,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deleatur import InvalidInputError, Memory, NewMemory, Space, canonical_subject
-from deleatur.model import canonical_key, parse_metadata, validate_metadata, validate_text
+from deleatur.model import canonical_key, loads_envelope, parse_metadata, validate_metadata, validate_text
 
 
 def test_canonical_subject_folds_case_width_and_space() -> None:
@@ -130,3 +131,39 @@ def test_notes_keep_line_breaks_and_tabs_and_name_long_principals(memory: Memory
     fixed = memory.rectify("k", "new", reason="line one\r\nline two\tend", actor="ops\tteam (via " + "p" * 300 + ")")
     assert fixed.text == "new"
     memory.restrict("Zed", reason="contested\r\n", actor="ops\tteam")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["doc", "key", "d"]), _JSON), st.sampled_from([None, 0, 2]))
+def test_an_envelope_reads_as_json_but_keeps_its_documents_text(members: dict[str, Any], indent: int | None) -> None:
+    """A verify route's body reads as json.loads reads it, but for its document, left as
+    the text it has in the body when it is an object; and its bytes as json.loads's."""
+    text = json.dumps(members, indent=indent)
+    read = loads_envelope(text, "the body", "doc")
+    assert loads_envelope(text.encode("utf-16"), "the body", "doc") == read
+    if isinstance(members.get("doc"), dict):
+        assert isinstance(read["doc"], str) and read["doc"] in text
+        read["doc"] = json.loads(read["doc"])
+    assert read == json.loads(text)
+
+
+def test_an_envelope_keeps_a_key_its_document_repeats_and_refuses_the_rest() -> None:
+    document = '{"basis": "Art. 6", "basis": "Art. 17"}'
+    spaced = f' {{ "doc" :\n{document} , "key": null}} '
+    assert loads_envelope(spaced, "the body", "doc") == {"doc": document, "key": None}
+    for repeated in ('{"doc": {}, "doc": {}}', '{"doc": "{}", "key": {"Erin": 1, "Erin": 2}}', '[{"a": 1, "a": 2}]'):
+        with pytest.raises(InvalidInputError, match=r"^the body repeats a key in one object$"):
+            loads_envelope(repeated, "the body", "doc")
+    for broken in ("", "{", '{"doc": {}', '{"doc": {},}', '{"doc" {}}', '{"doc": {}} {}', '{"doc": {"a": 1, "a": 2}'):
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(broken)
+        with pytest.raises(json.JSONDecodeError):
+            loads_envelope(broken, "the body", "doc")
+    with pytest.raises(InvalidInputError, match="holds an integer of more than"):
+        loads_envelope('{"doc": {"n": ' + "7" * 5000 + "}}", "the body", "doc")

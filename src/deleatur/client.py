@@ -52,7 +52,17 @@ from .ids import check_record_id
 from .log.note import Note, Verifier
 from .log.receipt import Receipt
 from .log.report import Report
-from .model import DEFAULT_SPACE, EVERYWHERE, Hit, Record, Space, SpaceFilter, check_int, validate_metadata
+from .model import (
+    DEFAULT_SPACE,
+    EVERYWHERE,
+    Hit,
+    Record,
+    Space,
+    SpaceFilter,
+    check_int,
+    utf8_text,
+    validate_metadata,
+)
 from .rights.export import TextSink
 from .rights.restriction import Restriction
 from .servers.errors import remote_error
@@ -133,6 +143,15 @@ def _stream(fetch: Callable[[C, int], tuple[builtins.list[T], C | None]], cursor
             items, following = fetch(following, done)
 
     return rest(*fetch(cursor, 0))
+
+
+def _document(value: str | bytes | Mapping[str, Any], what: str) -> str | dict[str, Any]:
+    """A signed document as a verify route takes it: its text goes as a string, so the
+    server verifies it as written (parsed here and sent again, a key it repeats would
+    have lost a value); a mapping the caller parsed goes as its object."""
+    if isinstance(value, bytes):
+        return utf8_text(value, what)
+    return value if isinstance(value, str) else dict(value)
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -415,8 +434,15 @@ class Client:
     def certificate(self, request_id: str) -> dict[str, Any]:
         return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id, check_request_id)}/certificate")
 
-    def verify_certificate(self, certificate: Mapping[str, Any], *, expected_pubkey: str | None = None) -> Report:
-        body = {"certificate": dict(certificate), "expected_pubkey": expected_pubkey}
+    def verify_certificate(
+        self, certificate: str | bytes | Mapping[str, Any], *, expected_pubkey: str | None = None
+    ) -> Report:
+        """The server's verification of a certificate: give its text (``str``, or UTF-8
+        ``bytes``), as issued or read from a file, for the verdict ``deleatur verify`` and
+        the library give that text (a repeated key or an unsigned member fails check 1;
+        text that is not JSON is refused as bad input). A mapping, already parsed, is
+        checked as what the parser left of it."""
+        body = {"certificate": _document(certificate, "the certificate"), "expected_pubkey": expected_pubkey}
         return self._call(Report.from_json, "POST", "/v1/certificates/verify", body=_drop_none(body))
 
     def purge(
@@ -554,10 +580,11 @@ class Client:
         _no_pins(pinned_keys, state)
         return self._call(Report.from_json, "GET", "/v1/audit/verify", params={"size": size})
 
-    def verify_receipt(self, receipt: Receipt | Mapping[str, Any], *, key: str | None = None) -> Report:
-        """A receipt (as ``receipt`` returns it, or its JSON) checked by the server, under
+    def verify_receipt(self, receipt: Receipt | str | bytes | Mapping[str, Any], *, key: str | None = None) -> Report:
+        """A receipt (as ``receipt`` returns it, its JSON text as ``deleatur verify-receipt``
+        reads it from a file, or the value parsed from it) checked by the server, under
         ``key`` or, unpinned, the store's own keys."""
-        document = receipt.to_json() if isinstance(receipt, Receipt) else dict(receipt)
+        document = receipt.to_json() if isinstance(receipt, Receipt) else _document(receipt, "the receipt")
         body = _drop_none({"receipt": document, "key": key})
         return self._call(Report.from_json, "POST", "/v1/receipts/verify", body=body)
 

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -268,10 +268,66 @@ def loads_unique(raw: str | bytes, what: str, *, name_key: bool = True) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise
     except ValueError:
-        # The one other ValueError of json.loads: int()'s limit, which spares it a
-        # conversion that takes time quadratic in the digits.
-        limit = sys.get_int_max_str_digits()
-        raise InvalidInputError(f"{what} holds an integer of more than {limit} digits") from None
+        raise _too_many_digits(what) from None
+
+
+def _too_many_digits(what: str) -> InvalidInputError:
+    # What a ValueError of json's parser is when it is neither a JSONDecodeError nor a
+    # UnicodeDecodeError: int()'s limit, which spares it a conversion that takes time
+    # quadratic in the digits.
+    return InvalidInputError(f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits")
+
+
+def _past_space(text: str, at: int) -> int:
+    """Where JSON's whitespace from ``at`` ends in ``text``."""
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def loads_envelope(raw: str | bytes, what: str, document: str) -> Any:
+    """JSON text parsed as :func:`loads_unique` parses it, naming no key, but for the
+    member ``document`` of its top-level object: where that holds an object (a signed
+    document sent to be verified), the value is the exact text it has in ``raw``, for
+    the verifier to read as :func:`loads_document` does. Parsed here, a key the document
+    repeats would have lost a value, and the verifier would not see it to fail it.
+    Raises what loads_unique raises."""
+    # Bytes decoded as json.loads decodes them, so the body reads the same either way.
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
+    at = _past_space(text, 0)
+    if not text.startswith("{", at):
+        return loads_unique(text, what, name_key=False)
+    decoder = json.JSONDecoder()
+    members: dict[str, Any] = {}
+    at = _past_space(text, at + 1)
+    more = not text.startswith("}", at)
+    try:
+        while more:
+            if not text.startswith('"', at):
+                raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, at)
+            name, at = decoder.raw_decode(text, at)
+            at = _past_space(text, at)
+            if not text.startswith(":", at):
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
+            start = _past_space(text, at + 1)
+            value, at = decoder.raw_decode(text, start)
+            if name in members:
+                raise InvalidInputError(f"{what} repeats a key in one object")
+            kept = name == document and isinstance(value, dict)
+            members[name] = text[start:at] if kept else loads_unique(text[start:at], what, name_key=False)
+            at = _past_space(text, at)
+            more = text.startswith(",", at)
+            if more:
+                at = _past_space(text, at + 1)
+            elif not text.startswith("}", at):
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        raise _too_many_digits(what) from None
+    if _past_space(text, at + 1) != len(text):
+        raise json.JSONDecodeError("Extra data", text, _past_space(text, at + 1))
+    return members
 
 
 def loads_document(raw: str | bytes, what: str) -> Any:
@@ -280,12 +336,33 @@ def loads_document(raw: str | bytes, what: str) -> Any:
     json.loads would check the last value where a reader that keeps the first, or a
     person, reads the other; or if it is not JSON. The message quotes nothing of the
     text: a forged document may carry personal data in its keys as in its values."""
+    return _json_or_refused(lambda: loads_unique(raw, what, name_key=False), what)
+
+
+def loads_readable(raw: str | bytes, what: str) -> Any:
+    """JSON text parsed as json.loads parses it (where an object repeats a key, the last
+    value), or InvalidInputError if it is not JSON at all. How the entry points of a
+    verifier (the CLI, the servers) tell text that is no document, bad input like a
+    truncated file, from a document the verifier reads strictly and fails at its first
+    check, saying why (a repeated key, an unsigned member). Quotes nothing of the text."""
+    return _json_or_refused(lambda: json.loads(raw), what)
+
+
+def _json_or_refused(parse: Callable[[], Any], what: str) -> Any:
     try:
-        return loads_unique(raw, what, name_key=False)
+        return parse()
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{what} is not JSON: {exc.msg} at position {exc.pos}") from None
     except (ValueError, RecursionError):  # not UTF-8, an integer too long to convert, or nesting too deep
         raise InvalidInputError(f"{what} is not JSON deleatur can read") from None
+
+
+def utf8_text(data: bytes, what: str) -> str:
+    """``data`` as text: JSON and every file deleatur reads are UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"{what} is not UTF-8 text") from None
 
 
 def parse_metadata(raw: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ..errors import InvalidInputError
 from ..log.note import NoteError, Verifier, parse_verifier
 from ..log.report import Report
 from ..memory import Memory
+from ..model import utf8_text
 
 app = typer.Typer(
     name="deleatur",
@@ -170,10 +171,7 @@ def read_input(path: str) -> str:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise InvalidInputError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInputError(f"{path} is not UTF-8 text") from None
+    return utf8_text(data, path)
 
 
 def check_output_path(path: Path) -> None:

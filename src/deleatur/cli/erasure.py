@@ -19,7 +19,7 @@ from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..erasure.verify import verify_certificate
 from ..errors import InvalidInputError
 from ..log.note import Note, NoteError, check_key_name
-from ..model import SpaceFilter
+from ..model import SpaceFilter, loads_readable
 from ..store.evidence import StoreEvidence
 from ..store.protocol import WAL_NOT_TRUNCATED
 from .common import (
@@ -257,15 +257,10 @@ def verify(
 ) -> None:
     """Verify an erasure certificate: one line per numbered check, NOTEs, VERDICT (exit 0 or 1)."""
     text = read_input(certificate_file)
-    try:
-        # Whether it is JSON at all (else it is unreadable input, like a truncated file);
-        # verify_certificate reads the text itself, strictly, and fails at check 1 JSON
-        # whose readers disagree (a repeated key), saying why.
-        parsed: Any = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{certificate_file} is not JSON: {exc.msg}") from None
-    except (ValueError, RecursionError):  # an integer too long to convert, or nesting too deep
-        raise InvalidInputError(f"{certificate_file} is not JSON this verifier can read") from None
+    # Text that is not JSON at all is unreadable input, like a truncated file; JSON whose
+    # readers disagree (a repeated key) is verify_certificate's to fail at check 1, saying
+    # why, as it reads the text itself, strictly.
+    parsed = loads_readable(text, certificate_file)
     pinned = None
     if expected_checkpoint is not None:
         try:

@@ -14,7 +14,7 @@ from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
 from ..memory import NO_SUCH_KEY, Memory
-from ..model import Record, Space, check_int, check_name
+from ..model import Record, Space, check_int, check_name, loads_readable
 from .errors import ServerBusyError
 
 #: The most records one page of a listing holds, over HTTP and MCP alike.
@@ -39,17 +39,25 @@ def public_key(memory: Memory) -> dict[str, str]:
     return {"vkey": verifier.vkey, "public_key": verifier.public_key.hex(), "origin": memory.log.origin}
 
 
-def check_receipt(memory: Memory, receipt: Any, key: str | None) -> Report:
+def check_receipt(memory: Memory, receipt: str | dict[str, Any], key: str | None) -> Report:
     """A receipt checked under ``key`` (a verifier key or 64 hex digits) or, unpinned,
-    under the keys the store itself announced."""
-    parsed = Receipt.from_json(receipt)
+    under the keys the store itself announced. Given as its JSON text, it is read as
+    ``deleatur verify-receipt`` reads a file (``Receipt.loads``): one that repeats a key
+    or has a member besides its four is refused; given as the value parsed from it, only
+    what the parser left can be checked."""
+    parsed = Receipt.loads(receipt) if isinstance(receipt, str) else Receipt.from_json(receipt)
     if key is not None:
         return verify_receipt(parsed, [parse_verifier(key, memory.log.origin)], pinned=True)
     return verify_receipt(parsed, memory.announced_keys(), pinned=False)
 
 
-def check_certificate(memory: Memory, certificate: Any, expected_pubkey: str | None) -> Report:
-    """An erasure certificate verified offline, under a pinned key if one is given."""
+def check_certificate(memory: Memory, certificate: str | dict[str, Any], expected_pubkey: str | None) -> Report:
+    """An erasure certificate verified offline, under a pinned key if one is given. Given
+    as its JSON text, it gets the verdict ``deleatur verify`` gives that text in a file:
+    text that is not JSON is refused as bad input, and a repeated key or an unsigned
+    member fails check 1 (see :func:`deleatur.erasure.verify.verify_certificate`)."""
+    if isinstance(certificate, str):
+        loads_readable(certificate, "the certificate")
     key = None if expected_pubkey is None else parse_verifier(expected_pubkey, memory.log.origin)
     return verify_certificate(certificate, expected_key=key)
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio
@@ -38,7 +38,7 @@ from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
 from ..log.report import Report
 from ..memory import Memory
-from ..model import Space, SpaceFilter, loads_unique
+from ..model import Space, SpaceFilter, loads_envelope, loads_unique
 from ..sqlitefile import first_try, scrubs_unwaited_during
 from .auth import CHALLENGE, as_caller
 from .calls import (
@@ -173,6 +173,10 @@ async def _authenticated(credentials: Annotated[HTTPAuthorizationCredentials | N
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    #: The member that holds a signed document to verify, if the body has one: read as the
+    #: text it has in the body (see _Request).
+    document: ClassVar[str | None] = None
+
 
 class SpaceBody(_Body):
     user_id: str = "default"
@@ -250,21 +254,40 @@ class RestrictBody(_Body):
 
 
 class VerifyReceiptBody(_Body):
-    receipt: dict[str, Any]
+    document: ClassVar[str | None] = "receipt"
+
+    receipt: dict[str, Any] | str = Field(
+        description="The receipt: its JSON object, read as the exact text it has in this body, or that text"
+        " as a string. Either way, one that repeats a key in an object, or has a member besides its four,"
+        " is refused (422 `invalid_signed_note`), as `deleatur verify-receipt` refuses it."
+    )
     key: str | None = Field(default=None, description="The log's verifier key, obtained out of band.")
 
 
 class VerifyCertificateBody(_Body):
-    certificate: dict[str, Any]
+    document: ClassVar[str | None] = "certificate"
+
+    certificate: dict[str, Any] | str = Field(
+        description="The certificate: its JSON object, verified as the exact text it has in this body, or"
+        " that text as a string (as issued, or kept in a file). Either way, a key repeated in one of its"
+        " objects, or a member beside `certificate` and `signature`, fails check 1, as `deleatur verify`"
+        " reports it; a string that is not JSON is refused (422 `invalid_input`)."
+    )
     expected_pubkey: str | None = None
 
 
 class _Request(Request):
     """A request whose JSON body may not repeat a key in any object: parsed by the
-    library's rule, since Starlette's json.loads keeps the last value silently."""
+    library's rule, since Starlette's json.loads keeps the last value silently. But for
+    a signed document sent to be verified (``document``, the member named by the route's
+    body model): the library reads it, as its text, and it is the verifier's to fail."""
+
+    document: str | None = None
 
     async def json(self) -> Any:
         try:
+            if self.document is not None:
+                return loads_envelope(await self.body(), "the request body", self.document)
             return loads_unique(await self.body(), "the request body")
         except InvalidInputError as exc:
             # FastAPI reads the body inside a handler that lets only HTTPException through.
@@ -341,12 +364,17 @@ class _Route(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
         known = frozenset(_query_names(self.dependant))
+        # The body model of a verify route names the member its signed document is in.
+        bodies = [field.field_info.annotation for field in self.dependant.body_params]
+        document = next((b.document for b in bodies if isinstance(b, type) and issubclass(b, _Body)), None)
 
         async def strict(request: Request) -> Response:
             errors = _url_errors(request.scope, known)
             if errors:
                 raise RequestValidationError(errors)
-            return await handle(_Request(request.scope, request.receive))
+            read = _Request(request.scope, request.receive)
+            read.document = document
+            return await handle(read)
 
         return strict
 
@@ -1034,7 +1062,8 @@ def create_app(
 
     @app.post("/v1/certificates/verify", tags=["erasure"], responses=_CHECK)
     async def verify_certificate_route(body: VerifyCertificateBody) -> dict[str, Any]:
-        """Verify a certificate offline (pin the key you got out of band with expected_pubkey)."""
+        """Verify a certificate offline (pin the key you got out of band with expected_pubkey):
+        the report of `deleatur verify`, whose check 1 reads the certificate's text strictly."""
 
         return await serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
 

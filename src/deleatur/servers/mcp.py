@@ -67,6 +67,27 @@ space unless user_id, agent_id or run_id narrow it, and issues a signed erasure
 certificate (`erasure_certificate`, `verify_certificate`)."""
 
 
+#: Why a signed document is best passed to a verify tool as its text.
+_PARSED = (
+    " An object is taken too, but the call's JSON was parsed before the verifier saw it: of a key"
+    " the document repeats, the last value alone is left, and the verifier cannot tell."
+)
+_CertificateText = Annotated[
+    str | dict[str, Any],
+    Field(
+        description="The certificate's JSON text, exactly as issued (erasure_certificate's text) or kept: a key"
+        " repeated in it, or a member beside certificate and signature, fails check 1." + _PARSED
+    ),
+]
+_ReceiptText = Annotated[
+    str | dict[str, Any],
+    Field(
+        description="The receipt's JSON text, exactly as issued (receipt's text) or kept: one that repeats a key,"
+        " or has a member besides its four, is refused." + _PARSED
+    ),
+]
+
+
 def _ok(text: str, data: dict[str, Any]) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
@@ -514,7 +535,9 @@ def build_server(
         return call(ctx, run)
 
     @tool(READ_ONLY)
-    def verify_certificate(ctx: Ctx, certificate: dict[str, Any], expected_pubkey: str | None = None) -> CallToolResult:
+    def verify_certificate(
+        ctx: Ctx, certificate: _CertificateText, expected_pubkey: str | None = None
+    ) -> CallToolResult:
         """Verify an erasure certificate offline; pin expected_pubkey (from export_public_key) for trust."""
 
         return call(ctx, lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
@@ -639,7 +662,7 @@ def build_server(
         return call(ctx, run)
 
     @tool(READ_ONLY)
-    def verify_receipt(ctx: Ctx, receipt: dict[str, Any], key: str | None = None) -> CallToolResult:
+    def verify_receipt(ctx: Ctx, receipt: _ReceiptText, key: str | None = None) -> CallToolResult:
         """Check a write receipt; pin key (from export_public_key) or it is checked against the store's keys."""
 
         return call(ctx, lambda m: _report(check_receipt(m, receipt, key)))
