@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -20,9 +21,10 @@ from deleatur import (
     from_hex,
     from_passphrase,
 )
+from deleatur.crypto.signing import write_text_secret
 from deleatur.memory import keystore_path
 
-from .conftest import MASTER, store_files
+from .conftest import MASTER, resume, run_together, start_paused, store_files
 
 
 def test_init_writes_a_0600_key_file_outside_the_database(tmp_path: Path) -> None:
@@ -39,6 +41,48 @@ def test_init_writes_a_0600_key_file_outside_the_database(tmp_path: Path) -> Non
             assert key not in path.read_bytes(), path
     with Memory.open(store, from_file(key_file)) as again:
         assert [r.text for r in again.list()] == ["hello"]
+
+
+def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_path: Path) -> None:
+    """They shared one temporary file: the second writer removed the first one's and made
+    its own under the same name, which the first then linked into place (the second's
+    secret, where the first believed its own was), and the second failed on a temporary
+    file gone (FileNotFoundError), not on the secret in place."""
+    secret = tmp_path / "secret"
+    write = f"""
+from pathlib import Path
+from deleatur.crypto.signing import write_text_secret
+try:
+    write_text_secret(Path({str(secret)!r}), sys.argv[1], replace=False)
+    print("placed")
+except FileExistsError as exc:
+    print("refused:", exc.filename)
+"""
+    first = start_paused("os:link", write, "the first secret")
+    second = start_paused("os:link", write, "the second secret")
+    assert resume(first) == (0, "placed\n", "")
+    assert resume(second) == (0, f"refused: {secret}\n", "")
+    assert secret.read_text() == "the first secret\n"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert list(tmp_path.iterdir()) == [secret]
+
+
+def _write_secret(path: Path, text: str) -> str:
+    try:
+        write_text_secret(path, text, replace=False)
+    except FileExistsError:
+        return "refused"
+    return text
+
+
+def test_secrets_written_to_one_path_together_place_one_whole_and_refuse_the_rest(tmp_path: Path) -> None:
+    for round in range(4):
+        secret = tmp_path / f"secret{round}"
+        texts = [f"{i:x}" * 100_000 for i in range(6)]
+        outcomes = run_together([functools.partial(_write_secret, secret, text) for text in texts])
+        assert outcomes.count("refused") == 5, [o[:20] for o in outcomes]
+        assert secret.read_text() == next(o for o in outcomes if o != "refused") + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"secret{round}" for round in range(4)]
 
 
 def test_master_key_file_as_a_path_or_a_string(store_path: Path, tmp_path: Path) -> None:

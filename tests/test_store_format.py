@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import multiprocessing
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import apsw
 import pytest
@@ -22,6 +21,7 @@ from deleatur import (
     MasterKeyError,
     Memory,
     NotADeleaturStoreError,
+    NotFoundError,
     Principal,
     Role,
     SchemaVersionError,
@@ -39,7 +39,7 @@ from deleatur.log.tlog import TransparencyLog
 from deleatur.store import schema
 from deleatur.store.evidence import StoreEvidence
 
-from .conftest import MASTER, FakeClock, store_files
+from .conftest import MASTER, SRC, Cli, FakeClock, resume, run_together, start_paused, store_files
 
 
 def _version(path: Path) -> int:
@@ -303,9 +303,6 @@ Memory.init({str(tmp_path / "m.db")!r})
         Memory.init(tmp_path / "m.db")  # a store in use is never taken over
 
 
-_SRC = str(Path(__file__).parent.parent / "src")
-
-
 @pytest.mark.parametrize(
     "paused_in",
     [
@@ -319,25 +316,8 @@ def test_an_init_under_way_refuses_another_and_its_store_stays_whole(tmp_path: P
     """A second init while one runs took the first one's files, half made, for a killed
     init's: it finished them as its own (two signing keys, one unannounced), or removed
     them as it failed, leaving no store, or one without its master key."""
-    module, attr = paused_in.split(":")
-    owner, name = attr.split(".")
-    script = f"""
-import importlib, sys
-sys.path.insert(0, {_SRC!r})
-from deleatur import Memory
-owner = getattr(importlib.import_module({module!r}), {owner!r})
-original = getattr(owner, {name!r})
-def paused(*args, **kwargs):
-    print("paused", flush=True)
-    sys.stdin.readline()
-    return original(*args, **kwargs)
-setattr(owner, {name!r}, paused)
-Memory.init({str(tmp_path / "m.db")!r})[0].close()
-"""
-    first = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert first.stdout is not None and first.stdin is not None
+    first = start_paused(paused_in, f"from deleatur import Memory; Memory.init({str(tmp_path / 'm.db')!r})[0].close()")
     try:
-        assert first.stdout.readline() == "paused\n"
         made = {p.name: p.read_bytes() for p in store_files(tmp_path / "m.db")}
         with pytest.raises(StoreError, match="another init is creating"):
             Memory.init(tmp_path / "m.db")
@@ -345,9 +325,7 @@ Memory.init({str(tmp_path / "m.db")!r})[0].close()
             Memory.init(tmp_path / "m.db", from_bytes(MASTER))
         assert {p.name: p.read_bytes() for p in store_files(tmp_path / "m.db")} == made
     finally:
-        first.stdin.write("\n")
-        first.stdin.close()
-        assert first.wait() == 0
+        assert resume(first)[0] == 0
     with Memory.open(tmp_path / "m.db", from_file(tmp_path / "m.db.master-key")) as memory:
         assert len(memory.signing_keys()) == 1
         memory.remember("a note", subject="Ann")
@@ -360,23 +338,10 @@ Memory.init({str(tmp_path / "m.db")!r})[0].close()
 
 def test_an_init_refused_while_another_runs_exits_2_from_the_cli(tmp_path: Path) -> None:
     store = tmp_path / "m.db"
-    script = f"""
-import sys
-sys.path.insert(0, {_SRC!r})
-from deleatur import Memory
-original = Memory.new_signing_key
-def paused(self):
-    print("paused", flush=True)
-    sys.stdin.readline()
-    return original(self)
-Memory.new_signing_key = paused
-Memory.init({str(store)!r})[0].close()
-"""
-    first = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert first.stdout is not None and first.stdin is not None
+    init = f"from deleatur import Memory; Memory.init({str(store)!r})[0].close()"
+    first = start_paused("deleatur.memory:Memory.new_signing_key", init)
     try:
-        assert first.stdout.readline() == "paused\n"
-        cli = f"import sys; sys.path.insert(0, {_SRC!r}); from deleatur.cli.app import main; main()"
+        cli = f"import sys; sys.path.insert(0, {SRC!r}); from deleatur.cli.app import main; main()"
         second = subprocess.run(
             [sys.executable, "-c", cli, "--store", str(store), "init"],
             capture_output=True,
@@ -386,34 +351,22 @@ Memory.init({str(store)!r})[0].close()
         assert (second.returncode, second.stdout) == (2, "")
         assert second.stderr == f"error: another init is creating {store}; nothing was changed\n"
     finally:
-        first.stdin.write("\n")
-        first.stdin.close()
-        assert first.wait() == 0
+        assert resume(first)[0] == 0
 
 
-def _init_after(barrier: Any, store: Path, results: Any) -> None:
-    barrier.wait()
+def _init(store: Path) -> str:
     try:
         Memory.init(store)[0].close()
-        results.put("ok")
     except StoreError as exc:
-        results.put(f"refused: {exc.message}")
-    except BaseException as exc:
-        results.put(f"failed: {type(exc).__name__}: {exc}")
+        return f"refused: {exc.message}"
+    return "ok"
 
 
 def test_inits_started_together_make_one_store_and_refuse_the_rest(tmp_path: Path) -> None:
     """Processes let go at once (not deterministic: the test above pins each interleaving)."""
-    context = multiprocessing.get_context("fork")
     for round in range(4):
         store = tmp_path / f"m{round}.db"
-        barrier, results = context.Barrier(6), context.Queue()
-        workers = [context.Process(target=_init_after, args=(barrier, store, results)) for _ in range(6)]
-        for worker in workers:
-            worker.start()
-        outcomes = sorted(results.get(timeout=120) for _ in workers)
-        for worker in workers:
-            worker.join()
+        outcomes = run_together([functools.partial(_init, store)] * 6)
         assert outcomes[0] == "ok" and all(o.startswith("refused") for o in outcomes[1:]), outcomes
         assert all("another init is creating" in o or "already exists" in o for o in outcomes[1:]), outcomes
         with Memory.open(store, from_file(store.with_name(store.name + ".master-key"))) as memory:
@@ -432,6 +385,149 @@ def test_a_failed_init_removes_only_the_files_it_made(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"m\.db\.signing-key exists but its store"):
         Memory.init(store)
     assert {p.name: p.read_bytes() for p in store_files(store)} == kept
+
+
+def _random_failing_after(calls: int, meanwhile: Callable[[], object] = lambda: None) -> Callable[[int], bytes]:
+    """Random bytes for the first ``calls`` asks, then, once ``meanwhile`` ran, a failure.
+    An init asks first for its master key, then while it makes the key store."""
+    asked = 0
+
+    def random(n: int) -> bytes:
+        nonlocal asked
+        asked += 1
+        if asked > calls:
+            meanwhile()
+            raise RuntimeError("injected failure")
+        return os.urandom(n)
+
+    return random
+
+
+def test_a_failed_init_leaves_alone_the_files_beside_those_it_made(tmp_path: Path) -> None:
+    """It removed the -wal, -shm and -journal beside every file it made, the master key
+    file's too (no database has them), and a file another process had put in the place
+    of one it made (by its path alone)."""
+    key_file = tmp_path / "m.key"
+    others = {key_file.with_name(key_file.name + part): f"another's {part}" for part in ("-wal", "-shm", "-journal")}
+    for path, text in others.items():
+        path.write_text(text)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        Memory.init(tmp_path / "m.db", key_file=key_file, random=_random_failing_after(1))
+    assert {p: p.read_text() for p in tmp_path.iterdir()} == others
+
+    def put_another_key_file() -> None:
+        key_file.unlink()
+        key_file.write_text("another's key\n")
+
+    with pytest.raises(RuntimeError, match="injected failure"):
+        Memory.init(tmp_path / "m.db", key_file=key_file, random=_random_failing_after(1, put_another_key_file))
+    assert {p: p.read_text() for p in tmp_path.iterdir()} == {**others, key_file: "another's key\n"}
+
+
+def test_init_refuses_the_files_a_removed_store_left_to_a_process_that_has_it_open(tmp_path: Path) -> None:
+    """A store removed while a process has it open leaves its -wal and -shm: SQLite took
+    them up for the new store (pages of another database, a shared-memory index another
+    process uses), and a failed init removed them."""
+    store = tmp_path / "m.db"
+    script = f"""
+import sqlite3, sys
+conn = sqlite3.connect({str(store)!r}, isolation_level=None)
+conn.execute("PRAGMA journal_mode = WAL")
+conn.execute("CREATE TABLE t(x)")
+conn.execute("INSERT INTO t VALUES (1)")
+print("open", flush=True)
+sys.stdin.readline()
+conn.execute("INSERT INTO t VALUES (2)")
+print(conn.execute("SELECT count(*) FROM t").fetchone()[0])
+"""
+    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "open\n"
+        store.unlink()
+        left = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        assert sorted(left) == ["m.db-shm", "m.db-wal"]
+        with pytest.raises(StoreError) as raised:
+            Memory.init(store)
+        assert raised.value.message.startswith(f"{store}-wal exists but its store {store} does not: ")
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == left
+    finally:
+        out, _ = other.communicate("\n", timeout=120)
+    assert (other.returncode, out) == (0, "2\n")
+
+
+def test_init_where_no_file_can_be_made_names_the_directory_and_leaves_nothing(
+    tmp_path: Path, make_unwritable: Callable[[Path], str], cli: Cli
+) -> None:
+    """It named a file the user never did (the lock, or the master key's temporary
+    file), or, finding a killed init's lock file in a directory made read-only since,
+    failed with an OS error (exit 1) as it could not remove it."""
+    locked, free = tmp_path / "locked", tmp_path / "free"
+    locked.mkdir()
+    free.mkdir()
+    (locked / "m.db.init-lock").touch()  # a killed init's
+    problem = f"cannot create files in directory {locked}: {make_unwritable(locked)}"
+    for store, master, key_file in [
+        (locked / "m.db", None, None),
+        (locked / "n.db", from_bytes(MASTER), None),
+        (free / "m.db", None, locked / "m.key"),
+    ]:
+        with pytest.raises(StoreError) as raised:
+            Memory.init(store, master, key_file=key_file)
+        assert raised.value.message == problem, store
+    assert cli("--store", str(locked / "n.db"), "init") == (2, "", f"error: {problem}\n")
+    assert [p.name for p in locked.iterdir()] == ["m.db.init-lock"]
+    assert list(free.iterdir()) == []
+
+
+def test_init_with_a_missing_directory_names_it_and_leaves_nothing(tmp_path: Path, cli: Cli) -> None:
+    """The directory of a master key file was not checked: the error named its temporary file."""
+    missing, a_file = tmp_path / "missing", tmp_path / "a-file"
+    a_file.write_text("x")
+    for store, key_file, error in [
+        (missing / "m.db", None, NotFoundError(f"directory {missing} does not exist")),
+        (tmp_path / "m.db", missing / "m.key", NotFoundError(f"directory {missing} does not exist")),
+        (tmp_path / "m.db", a_file / "m.key", StoreError(f"{a_file} is not a directory")),
+    ]:
+        with pytest.raises(type(error)) as raised:
+            Memory.init(store, key_file=key_file)
+        assert raised.value.message == error.message
+    code_out_err = cli("--store", str(tmp_path / "m.db"), "--master-key-file", str(missing / "m.key"), "init")
+    assert code_out_err == (2, "", f"error: directory {missing} does not exist\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+def test_without_fcntl_deleatur_imports_and_init_locks_with_a_file_made_exclusively(tmp_path: Path) -> None:
+    """Windows has no fcntl, and `import deleatur` failed there for want of it."""
+    store, other = tmp_path / "m.db", tmp_path / "n.db"
+    lock = other.with_name(other.name + ".init-lock")
+    script = f"""
+import sys
+sys.modules["fcntl"] = None  # importing it raises ImportError, as on Windows
+sys.path.insert(0, {SRC!r})
+import deleatur.cli.app
+from deleatur import Memory, StoreError
+Memory.init({str(store)!r})[0].close()
+open({str(lock)!r}, "x").close()  # a killed init's
+try:
+    Memory.init({str(other)!r})
+except StoreError as exc:
+    print(exc.message)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == (
+        f"another init is creating {other}, or one was killed: if none is running, remove {lock}; nothing was changed\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "m.db",
+        "m.db.keys",
+        "m.db.master-key",
+        "m.db.signing-key",
+        "n.db.init-lock",
+    ]
+    with Memory.open(store, from_file(tmp_path / "m.db.master-key")) as memory:
+        memory.remember("a note", subject="Ann")
+        assert memory.verify_log().ok
 
 
 def test_init_never_makes_a_new_key_store_for_a_store_in_use(tmp_path: Path) -> None:

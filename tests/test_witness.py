@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from deleatur.log.witness import (
     format_request,
 )
 
-from .conftest import FakeClock
+from .conftest import Cli, FakeClock, resume, run_together, start_paused
 
 
 @pytest.fixture
@@ -146,3 +147,45 @@ def test_cosignatures_are_checked_and_attached(memory: Memory, witness: Witness)
     forged = Signature(sig.name, sig.key_id, bytes(flipped))
     with pytest.raises(InvalidInputError, match="does not verify"):
         memory.add_cosignatures(forged.line(), verifier)
+
+
+def test_a_witness_init_beaten_to_its_path_is_refused_and_the_winners_witness_stays_whole(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """Two inits that both found the path free each wrote the key, the later one over the
+    other's: the witness that had been made (and whose key was handed out) lost its key,
+    and the later init failed on the state the other had made (exit 1)."""
+    state = tmp_path / "w.db"
+    init = ("witness", "init", "--state", str(state), "--name")
+    first = start_paused(
+        "deleatur.log.witness:write_text_secret", "from deleatur.cli.app import main; main()", *init, "example/a"
+    )
+    code, out, _ = cli(*init, "example/b")
+    assert code == 0
+    vkey = out.splitlines()[1].removeprefix("cosigner key: ")
+    assert resume(first) == (2, "", f"error: {state}.key already exists; refusing to overwrite a witness\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.db", "w.db.key"]
+    witness = Witness.open(state)
+    assert (witness.vkey, witness.logs()) == (vkey, [])
+    witness.close()
+
+
+def _create_witness(path: Path, name: str) -> str:
+    try:
+        witness = Witness.create(path, name)
+    except WitnessError as exc:
+        return f"refused: {exc.message}"
+    witness.close()
+    return witness.vkey
+
+
+def test_witness_inits_started_together_make_one_witness_and_refuse_the_rest(tmp_path: Path) -> None:
+    for round in range(4):
+        state = tmp_path / f"w{round}.db"
+        outcomes = run_together([functools.partial(_create_witness, state, f"example/{i}") for i in range(6)])
+        made = [o for o in outcomes if not o.startswith("refused: ")]
+        assert len(made) == 1 and all(o.endswith("refusing to overwrite a witness") for o in outcomes if o not in made)
+        witness = Witness.open(state)
+        assert witness.vkey == made[0]
+        witness.close()
+    assert len(list(tmp_path.iterdir())) == 8  # each state and its key, nothing else

@@ -9,7 +9,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import copy
-import fcntl
 import hashlib
 import itertools
 import json
@@ -103,6 +102,7 @@ from .model import (
     erased_ref,
     validate_text,
 )
+from .newfiles import Made, check_directory, init_lock, making
 from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
@@ -329,56 +329,53 @@ class Memory:
         failed init leaves the directory as it was. An init that was killed part way is
         finished by running it again: a master key file it wrote is used, not replaced,
         and a store it made that nothing has used yet gets its signing key. One init of
-        a store runs at a time: another, while it runs, is refused (StoreError).
+        a store runs at a time: another, while it runs, is refused (StoreError). A
+        directory missing (NotFoundError), not a directory, or where no file can be made
+        (StoreError) is refused naming it, and leaves nothing made.
         """
         store_path = check_path(path, "path")
         check_optional(master, MasterKeySource, "master")
         key_path = None if key_file is None else check_path(key_file, "key_file")
         options: dict[str, Any] = {"tenant": tenant, "clock": clock, "random": random, "max_text_bytes": max_text_bytes}
-        if store_path.is_dir():
+        # Checked before the lock file is made beside the store: a directory missing, or
+        # another file where it should be, is the error to report, not the lock's.
+        check_directory(store_path.parent)
+        if os.path.isdir(store_path):
             raise StoreError(f"{store_path} is a directory, not a store file")
-        if not store_path.parent.is_dir():
-            if store_path.parent.exists():
-                raise StoreError(f"{store_path.parent} is not a directory")
-            raise NotFoundError(f"directory {store_path.parent} does not exist")
-        with _sole_init(store_path):
+        if master is None:
+            key_path = key_path or default_key_file(store_path)
+            check_directory(key_path.parent)
+        with init_lock(store_path):
             if master is None:
-                key_path = key_path or default_key_file(store_path)
+                assert key_path is not None
                 if key_path.exists() and (store_path.exists() or not keystore_path(store_path).exists()):
                     master = from_file(key_path)  # an earlier init's, perhaps killed before it made the store
             if store_path.exists():
                 return cls._finish_init(store_path, master, options)
-            for orphan in (keystore_path(store_path), signing_key_path(store_path)):
+            # SQLite would take up a -wal or -shm found beside a new database as its own (a
+            # store removed while a process had it open leaves them): they are not ours to
+            # use, nor to remove if this init fails.
+            strays = [*sidecar_files(store_path)[1:], *sidecar_files(keystore_path(store_path))]
+            for orphan in (*strays, signing_key_path(store_path)):
                 if orphan.exists():
                     raise StoreError(
-                        f"{orphan} exists but its store {store_path} does not: if an init was"
-                        " interrupted, remove that file (it serves no store) and run init again"
+                        f"{orphan} exists but its store {store_path} does not: if an init was interrupted or the"
+                        " store removed, and no process has it open, remove that file (it serves no store) and"
+                        " run init again"
                     )
-            made: list[Path] = []  # only these are removed on failure: whatever else is here is not ours
-            try:
+            with making(StoreError, "it") as made:  # only these are removed on failure
                 if master is None:
                     assert key_path is not None
-                    write_key_file(key_path, random(MASTER_KEY_BYTES))
-                    made.append(key_path)
+                    made.add(key_path, write_key_file(key_path, random(MASTER_KEY_BYTES)))
                     master = from_file(key_path)
                 for new in (store_path, keystore_path(store_path)):
-                    create_private(new)
-                    made.append(new)
+                    made.add(new, create_private(new), database=True)
                 memory = cls.open(store_path, master, create=True, **options)
                 try:
                     memory.new_signing_key()  # removes its key file if it fails
                 except BaseException:
                     memory.close()
                     raise
-            except BaseException as exc:
-                for created in made:
-                    for part in sidecar_files(created):
-                        part.unlink(missing_ok=True)
-                if isinstance(exc, FileExistsError):  # made by something other than an init
-                    raise StoreError(f"{exc.filename} already exists; refusing to overwrite it") from None
-                if isinstance(exc, OSError):
-                    raise StoreError(f"cannot create {exc.filename}: {exc.strerror}") from None
-                raise
             return memory, memory.info()
 
     @classmethod
@@ -635,12 +632,12 @@ class Memory:
         if self.backend.signing_keys():
             raise self._no_signer()
         signer = Signer.generate(self.log.origin)
-        write_signer(self.signing_key_path, signer, replace=False)
         try:
-            self._announce_first_key(signer)
+            with Made() as made:  # the key file goes if its announcement fails
+                made.add(self.signing_key_path, write_signer(self.signing_key_path, signer, replace=False))
+                self._announce_first_key(signer)
         except BaseException:
             self.log.signer = None
-            self.signing_key_path.unlink(missing_ok=True)
             raise
         return signer
 
@@ -1785,41 +1782,6 @@ class Memory:
         if not rows:
             raise NotFoundError(NO_SUCH_KEY)
         return [self._decrypt(r) for r in rows]
-
-
-@contextmanager
-def _sole_init(store_path: Path) -> Iterator[None]:
-    """Hold the lock of the store's init: a file beside the store, locked (flock) while an
-    init runs, so that a second init is refused at once. Without it, the second took
-    the first one's files, half made, for what a killed init leaves, and finished them
-    as its own, or removed them as it failed. The kernel drops the lock of a killed
-    process; its file stays, and the next init takes it. The file is removed as the lock
-    is released: a process that opened it before finds it gone once locked, and opens
-    the new one."""
-    lock_path = store_path.with_name(store_path.name + ".init-lock")
-    while True:
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StoreError(f"cannot create {store_path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(lock_path)):
-                break
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreError(f"another init is creating {store_path}; nothing was changed") from None
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            os.close(fd)
-            raise StoreError(f"cannot lock {lock_path}: {exc.strerror}") from None
-        os.close(fd)
-    try:
-        yield
-    finally:
-        lock_path.unlink(missing_ok=True)
-        os.close(fd)
 
 
 def _holds_entries(store_path: Path) -> bool:

@@ -148,11 +148,16 @@ def is_ours(conn: apsw.Connection, path: Path, application_id: int, what: str) -
     return False
 
 
-def create_private(path: Path) -> None:
+def create_private(path: Path) -> os.stat_result:
     """A new empty file, owner-only from the first byte (the full-text index holds the
     words of the text, and SQLite gives the -wal and -shm files the database file's
-    mode); FileExistsError if there is one."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    mode); FileExistsError if there is one. Returns the file's identity, to tell it from
+    a file put in its place later."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def connect(

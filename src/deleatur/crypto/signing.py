@@ -2,12 +2,13 @@
 
 The private key never enters the database. It is written in the signer-key
 format of Go's ``golang.org/x/mod/sumdb/note`` (``PRIVATE+KEY+<name>+<id>+<key>``),
-atomically (a temporary file with mode 0600 from creation, fsync, rename).
+atomically (a temporary file of its own with mode 0600 from creation, fsync, link or rename).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ..errors import KeyStoreError
@@ -23,37 +24,51 @@ def pending_path(path: Path) -> Path:
     return path.with_name(path.name + ".new")
 
 
-def write_signer(path: Path, signer: Signer, *, replace: bool) -> None:
+def write_signer(path: Path, signer: Signer, *, replace: bool) -> os.stat_result:
     try:
-        write_text_secret(path, signer.skey, replace=replace)
+        return write_text_secret(path, signer.skey, replace=replace)
     except FileExistsError:
         raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key") from None
 
 
-def write_text_secret(path: Path, text: str, *, replace: bool = True) -> None:
-    """Atomically write a secret: mode 0600 from creation, fsync, rename, fsync the directory.
-    With ``replace=False`` the file is linked into place rather than renamed: the link
-    fails (FileExistsError) if a file is there, where a check beforehand would leave a
-    moment in which two writers both find none, and the later one's key wins."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def write_text_secret(path: Path, text: str, *, replace: bool = False) -> os.stat_result:
+    """Write a secret whole or not at all, and return the identity of the file placed.
+
+    It is written to a temporary file beside ``path`` with a name of its own (two
+    writers never share one, so neither removes or fills the other's), mode 0600 from
+    creation, synced, put in place, and the directory synced. Unless ``replace``, it is
+    linked into place: the link fails (FileExistsError) if any file is there, so of
+    writers racing for one path exactly one places its secret, whole, and the others
+    change nothing; a check beforehand would leave a moment in which two both find
+    none, and the later one's secret wins. Errors name ``path``, not the temporary file.
+    A process killed between making the temporary file and removing it leaves it
+    (``<name>.<random>.tmp``, mode 0600), where a fixed name let two writers take it
+    from each other.
+    """
+    tmp: Path | None = None
     try:
+        fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
         with os.fdopen(fd, "w", encoding="ascii") as handle:
             handle.write(text + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+            placed = os.fstat(handle.fileno())
         if replace:
             os.replace(tmp, path)
         else:
             os.link(tmp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return placed
 
 
 def read_signer(path: Path) -> Signer | None:

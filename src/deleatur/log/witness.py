@@ -40,7 +40,8 @@ from ..clock import Clock, system_clock
 from ..crypto.signing import write_text_secret
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..model import loads_document
-from ..sqlitefile import connect, immediate
+from ..newfiles import check_directory, making
+from ..sqlitefile import connect, create_private, immediate, sidecar_files
 from .checkpoint import Checkpoint
 from .cosignature import Cosigner
 from .keychain import KeyEntryProof, proven_key_chain
@@ -169,16 +170,25 @@ class Witness:
             check_key_name(name)
         except NoteError as exc:  # exit 1 would say the witness failed, where its name is wrong
             raise InvalidInputError(f"witness name: {exc.message}") from None
-        if path.exists() or cls.key_path(path).exists():
-            raise WitnessError(f"{path} already exists; refusing to overwrite a witness")
-        write_text_secret(cls.key_path(path), Cosigner(name, Ed25519PrivateKey.generate()).skey)
-        conn = connect(path, create=True)
-        with immediate(conn):
-            conn.execute(
-                "CREATE TABLE logs(origin TEXT PRIMARY KEY, vkey TEXT NOT NULL, size INTEGER NOT NULL,"
-                " root BLOB NOT NULL, checkpoint TEXT)"
-            )
-        conn.close()
+        key_path = cls.key_path(path)
+        check_directory(path.parent)
+        for existing in (*sidecar_files(path), key_path):
+            if existing.exists():
+                raise WitnessError(f"{existing} already exists; refusing to overwrite a witness")
+        with making(WitnessError, "a witness") as made:
+            # The key is placed first, and never over another: of inits racing for one
+            # path, only the one whose key is placed goes on to make the state.
+            made.add(key_path, write_text_secret(key_path, Cosigner(name, Ed25519PrivateKey.generate()).skey))
+            made.add(path, create_private(path), database=True)
+            conn = connect(path, create=True)
+            try:
+                with immediate(conn):
+                    conn.execute(
+                        "CREATE TABLE logs(origin TEXT PRIMARY KEY, vkey TEXT NOT NULL, size INTEGER NOT NULL,"
+                        " root BLOB NOT NULL, checkpoint TEXT)"
+                    )
+            finally:
+                conn.close()
         return cls.open(path, clock=clock)
 
     @classmethod
