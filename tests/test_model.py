@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deleatur import InvalidInputError, Memory, NewMemory, Space, canonical_subject
+from deleatur import IntegrityError, InvalidInputError, Memory, NewMemory, Space, canonical_subject, from_bytes
+from deleatur.crypto.keystore import _frame
+from deleatur.memory import _payload
 from deleatur.model import canonical_key, loads_envelope, parse_metadata, validate_metadata, validate_text
 
 
@@ -167,3 +170,30 @@ def test_an_envelope_keeps_a_key_its_document_repeats_and_refuses_the_rest() -> 
             loads_envelope(broken, "the body", "doc")
     with pytest.raises(InvalidInputError, match="holds an integer of more than"):
         loads_envelope('{"doc": {"n": ' + "7" * 5000 + "}}", "the body", "doc")
+
+
+@given(st.dictionaries(st.text(max_size=5), _JSON))
+def test_a_record_payload_reads_as_json_loads_reads_it(payload: dict[str, Any]) -> None:
+    """A record's decrypted payload, as the store writes it (compact UTF-8, lone
+    surrogates passed through), decodes as json.loads decodes it."""
+    written = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert _payload(written) == json.loads(written.decode("utf-8", "surrogatepass"))
+
+
+def test_a_record_payload_that_is_not_one_json_object_is_an_integrity_error() -> None:
+    for broken in (b"", b"{", b'{"a":1} ', b'{"a":1}{}', b"[1]", b'"text"', b" {}"):
+        with pytest.raises(IntegrityError, match="not the JSON object this store writes"):
+            _payload(broken)
+
+
+def test_a_records_associated_data_frames_its_id_and_subject(tmp_path: Path) -> None:
+    """The record's AEAD associated data is the store's prefix, then its id and subject
+    reference framed as _frame frames them (the inlined framing cannot drift)."""
+    with Memory.open(tmp_path / "m.db", from_bytes(bytes(32)), create=True) as memory:
+        prefix = _frame(("deleatur/record/v1", memory.backend.store_id, memory.tenant))
+
+        @given(st.text(max_size=40), st.binary(max_size=40))
+        def framed(record_id: str, subject_ref: bytes) -> None:
+            assert memory._aad(record_id, subject_ref) == prefix + _frame((record_id, subject_ref))
+
+        framed()
