@@ -47,7 +47,8 @@ def child(store: Path, part: str, calls: int) -> None:
             rows = [row for row, _ in memory._ranked(WORDS[1], Space(), 10)]
             for i in range(50):  # warm-up: caches, prepared statements
                 as_caller(memory, key).recall(WORDS[(i * 31) % len(WORDS)])
-            batch = memory.audit_batch()
+            # (Made only where used: revisions before it have no audit_batch.)
+            batch = memory.audit_batch() if part == "grouped" else None
             for i in range(calls):
                 word = WORDS[(i * 31) % len(WORDS)]
                 if part == "view":
@@ -59,7 +60,7 @@ def child(store: Path, part: str, calls: int) -> None:
                         memory._decrypt(row)
                 elif part == "recall":
                     as_caller(memory, key).recall(word)
-                else:
+                elif batch is not None:
                     with batch.collecting():
                         as_caller(memory, key).recall(word)
                     if len(batch) == GROUP or i == calls - 1:
