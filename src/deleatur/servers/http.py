@@ -681,7 +681,8 @@ def create_app(
         """Run ``work`` on a leased handle: in a worker thread, or, for an ``inline`` call
         (one that takes no lock but the write lock, and reads or writes a record or two),
         in the event loop itself when there is one handle, which spares the thread's cost
-        (a fifth of the throughput, BENCHMARKS.md).
+        (a fifth of the throughput, BENCHMARKS.md). ``reads``: ``work`` writes nothing
+        itself (its entry goes to a group), so it need not queue behind a refused writer.
 
         No call holds the handle while another process holds a lock it needs: a try
         waits for a lock at most ``FIRST_TRY_WAIT_MS`` (sqlitefile.first_try), then gives
