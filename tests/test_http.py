@@ -59,6 +59,7 @@ from .serving import (
     certificate_texts,
     new_store,
     paged_by_bytes,
+    reads_of_records,
     receipt_texts,
     serving,
 )
@@ -1280,7 +1281,9 @@ def test_history_pages_as_a_listing_does(tmp_path_factory: pytest.TempPathFactor
     """GET /v1/history answered every version of a key at once, however many: a key
     rewritten 2,000 times with 60 KB values took 231 MiB to read, and it has no bound.
     Now it pages and stops before the byte cap as GET /v1/memories does; the client
-    follows the pages, and a key with no version is still not found."""
+    follows the pages, and a key with no version is still not found. Each page is a
+    history call in the audit trail, and an unknown key a failed one, as the library's
+    history makes them (they were list calls, and an unknown key left no entry)."""
     opener = new_store(tmp_path_factory.mktemp("history") / "mem.db")
     with opener() as memory:
         cap, pages = paged_by_bytes(memory, Space("bytes"), key="pages::k")
@@ -1291,6 +1294,14 @@ def test_history_pages_as_a_listing_does(tmp_path_factory: pytest.TempPathFactor
         assert [r.id for r in remote.history("pages::k", space=Space("bytes"))] == [i for ids in pages for i in ids]
         with pytest.raises(NotFoundError, match="no record with this key in this space"):
             remote.history("pages::none", space=Space("bytes"))
+        assert [r.id for r in remote.versions("pages::k", space=Space("bytes"), limit=3, after=pages[0][0])] == [
+            pages[0][1],
+            *pages[1],
+        ]
+    with opener() as memory, pytest.raises(NotFoundError):
+        memory.history("pages::none", space=Space("bytes"))  # as the library audits it
+    ok, unknown = ("history", "ok", None), ("history", "failed", "NotFoundError")
+    assert reads_of_records(opener) == [*[ok] * 10, unknown, ok, ok, unknown]  # the last one the library's
 
 
 def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.TempPathFactory) -> None:
