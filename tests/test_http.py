@@ -523,6 +523,68 @@ def test_a_url_not_utf8_once_percent_decoded_is_refused_and_nothing_done(base_ur
     assert (erased.status_code, erased.json()["counts"]["records"]) == (202, 1)
 
 
+def _refused_keys(open_memory: Callable[[], Memory]) -> list[str]:
+    """What each refused API key was refused for, as the audit trail says, in order."""
+    with open_memory() as memory:
+        entries = [e.entry.fields for e in memory.audit_entries(calls_only=True)]
+    return [f["error"] for f in entries if f["action"] == "authenticate" and f["outcome"] == "denied"]
+
+
+def test_a_caller_without_a_valid_key_is_refused_before_its_url_or_body_is_judged(tmp_path: Path) -> None:
+    """The URL was judged before the key: a caller with none, or a bad one, sent a URL the
+    route would misread and got a 422 naming the route's parameters, not a 401. Now only
+    a valid key learns what is wrong with its URL or its body; a refused key is audited
+    once, as with a URL the route takes; and the erasure behind a bad URL is never made."""
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.ADMIN)
+    with opener() as memory:
+        memory.remember("kept", subject="Hank Hill", space=Space("q"))
+    principal, secret = split_api_key(key)
+    wrong_secret = f"dlt_{principal}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
+    # Not more than 10 refused keys in all: past that, a store audits the refusals of a
+    # second by their count (access/calls.py, RefusalBudget).
+    callers = {"none": {}, "secret": {"Authorization": f"Bearer {wrong_secret}"}}
+    body = {"text": "t", "subject": "Hank Hill"}
+    bad: list[tuple[str, str, dict[str, Any] | bytes | None]] = [
+        ("DELETE", "/v1/subjects/Hank%20Hill?basis=x&dry_run=true", None),  # unknown
+        ("DELETE", "/v1/subjects/Hank%20Hill?user_id=q&user_id=r", None),  # repeated
+        ("DELETE", "/v1/subjects/Jos%E9", None),  # not UTF-8
+        ("GET", "/v1/memories?limit=many", None),  # of the wrong type
+        ("POST", "/v1/memories", {**body, "user": "q"}),  # a field the body does not take
+        ("POST", "/v1/memories", b'{"text": "t", "subject": "a", "subject": "b"}'),  # a repeated key
+    ]
+
+    def send(method: str, path: str, content: dict[str, Any] | bytes | None, headers: dict[str, str]) -> httpx.Response:
+        if isinstance(content, bytes):
+            headers = {**headers, "Content-Type": "application/json"}
+            return http.request(method, path, content=content, headers=headers)
+        return http.request(method, path, json=content, headers=headers)
+
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for (method, path, content), (caller, headers) in itertools.product(bad, callers.items()):
+            reply = send(method, path, content, headers)
+            said = (reply.status_code, reply.json()["error"]["code"])
+            assert said == (401, "unauthenticated"), (method, path, caller, reply.text)
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+            assert "query" not in reply.text and "body" not in reply.text
+        malformed = send("DELETE", "/v1/subjects/Hank%20Hill?dry_run=true", None, {"Authorization": "Bearer dlt_x"})
+        assert (malformed.status_code, malformed.json()["error"]["code"]) == (401, "unauthenticated")
+        refused = _refused_keys(opener)
+        assert refused == ["secret"] * len(bad) + ["malformed"]  # each once, none for no key
+        # A URL the route takes: the same refusal, audited once too.
+        assert send("DELETE", "/v1/subjects/Hank%20Hill", None, callers["secret"]).status_code == 401
+        assert _refused_keys(opener) == [*refused, "secret"]
+        # With a valid key, what is wrong is said, as before.
+        for method, path, content in bad:
+            reply = send(method, path, content, {"Authorization": f"Bearer {key}"})
+            said = (reply.status_code, reply.json()["error"]["code"])
+            assert said == (422, "invalid_request"), (method, path, reply.text)
+        assert _refused_keys(opener) == [*refused, "secret"]
+    with opener() as memory:
+        assert [r.text for r in memory.list(space=Space("q"))] == ["kept"]
+        assert memory.erasure_requests() == []
+
+
 def test_a_number_past_pythons_digit_limit_is_named(base_url: str, admin: dict[str, str]) -> None:
     """It was "not UTF-8, or nested too deeply", neither of which it is."""
     body = b'{"text": "t", "subject": "s", "metadata": {"n": ' + b"7" * 5000 + b"}}"

@@ -117,7 +117,7 @@ class ErrorBody(BaseModel):
 
 
 _WHY = {
-    401: "No API key, or one that is not valid (`unauthenticated`).",
+    401: "No API key, or one that is not valid (`unauthenticated`), whatever else the request gets wrong.",
     403: "The key's principal lacks a capability or a scope (`access_denied`; `missing` names it).",
     404: "Unknown record, key, request, decision, restriction or checkpoint (`not_found`).",
     409: "The store's state refuses it (`subject_restricted`, `ambiguous_subject`, `request_id_reused`, `log_error`).",
@@ -621,13 +621,20 @@ def create_app(
         return _error(error_info(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused = await unproved(request)
+        if refused is not None:
+            return refused
         # Field locations and reasons only: pydantic's "input" echoes the caller's data.
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return _error(ErrorInfo(422, "invalid_request", where))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (400, 422):  # a body the route would misread
+            refused = await unproved(request)
+            if refused is not None:
+                return refused
         if exc.status_code == 400:
             # FastAPI's answer to a body that is not UTF-8 or too deeply nested to parse:
             # a malformed request like any other.
@@ -758,6 +765,20 @@ def create_app(
         return done
 
     groups = AuditGroups(lambda write: on_store(write, inline=True)) if handles == 1 else None
+
+    async def unproved(request: Request) -> JSONResponse | None:
+        """The answer to a request refused before its call (a URL or a body it would
+        misread) if its API key is missing or not valid, else None: only a caller with
+        a valid key learns what is wrong, which names the route's parameters and fields.
+        The key is checked alone, as the call would have checked it, so a refused one is
+        audited once, and nothing that the request says reaches any other library call."""
+        try:
+            await _authenticated(await _BEARER(request))
+            api_key = _API_KEY.get()
+            await on_store(lambda m: m.authenticate(api_key), inline=True)
+        except DeleaturError as exc:
+            return _error(error_info(exc))
+        return None
 
     verifying = asyncio.Lock()  # one whole-log verification at a time
 
