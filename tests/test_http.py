@@ -966,6 +966,103 @@ def test_a_verification_covers_what_every_handle_of_the_server_appended(tmp_path
     assert verdicts == ["PASS", "PASS"]
 
 
+def _signing_late(path: Path) -> Callable[[], Memory]:
+    """How to open handles on a new store at ``path`` that sign their first write at
+    once, then none until the checkpoint interval has passed (not in any test)."""
+    new_store(path)
+    return lambda: Memory.open(path, from_bytes(MASTER), checkpoint_interval_us=10**15)
+
+
+def _leave_unsigned(pool: HandlePool, handles: int) -> None:
+    """Have each of ``handles`` handles (opened by :func:`_signing_late`'s opener) append
+    an entry it has not signed."""
+    with contextlib.ExitStack() as stack:
+        for memory in [stack.enter_context(pool.lease()) for _ in range(handles)]:
+            memory.remember("signed", subject="a")
+            memory.remember("unsigned", subject="a")
+    assert pool.size == handles
+
+
+def test_a_verification_refused_the_lock_past_the_busy_timeout_is_a_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It gives up as a call does, and the next one, once the lock is free, passes."""
+    from deleatur import sqlitefile
+
+    path = tmp_path / "mem.db"
+    opener = _signing_late(path)
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 300)
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    app = create_app(opener, handles=2)
+    holder = apsw.Connection(str(path))
+    with serving(app) as url, httpx.Client(base_url=url, headers=auditor, timeout=60) as http:
+        _leave_unsigned(app.state.pool, 2)
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        try:
+            refused = http.get("/v1/log/verify")
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+        assert (refused.status_code, refused.json()["error"]["code"]) == (503, "store_busy")
+        assert http.get("/v1/log/verify").json()["verdict"] == "PASS"
+    holder.close()
+
+
+@pytest.mark.parametrize("handles", [1, 2])
+def test_a_verification_waiting_for_a_lock_held_elsewhere_holds_up_no_other_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handles: int
+) -> None:
+    """With several handles, a verification held every one of them while each signed what
+    it had appended, and signing waits for the write lock: while another process held it
+    (up to the busy timeout), every other request waited too. The handles are given back
+    while the lock is waited for now, so other requests are served meanwhile; and once the
+    lock is free the verification signs and passes."""
+    from deleatur import sqlitefile
+
+    path = tmp_path / "mem.db"
+    opener = _signing_late(path)
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a held handle would outlast the test
+    signing, waiting = threading.local(), threading.Event()
+    real = Memory.sign_pending
+
+    def watched(self: Memory) -> None:
+        signing.now = True
+        try:
+            real(self)
+        finally:
+            signing.now = False
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if getattr(signing, "now", False):
+                waiting.set()  # a signing's busy handler is waiting for the lock
+            time.sleep(seconds)
+
+    monkeypatch.setattr(Memory, "sign_pending", watched)
+    monkeypatch.setattr(sqlitefile, "time", _Time)
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    app = create_app(opener, handles=handles)
+    holder = apsw.Connection(str(path))
+    with serving(app) as url, httpx.Client(base_url=url, headers=auditor, timeout=60) as http:
+        _leave_unsigned(app.state.pool, handles)
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        answers: list[httpx.Response] = []
+        verifier = threading.Thread(target=lambda: answers.append(http.get("/v1/log/verify")))
+        verifier.start()
+        try:
+            assert waiting.wait(timeout=60), "the verification's signing never waited for the lock"
+            for _ in range(3):
+                assert http.get("/v1/whoami", timeout=5).status_code == 200
+            assert not answers  # the verification still waits
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            verifier.join(timeout=60)
+        assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
+    holder.close()
+
+
 def test_reads_served_together_are_answered_once_their_entries_commit_in_one_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
