@@ -50,6 +50,13 @@ def paged_by_bytes(memory: Memory, space: Space, key: str | None = None) -> tupl
     return cap, [ids[0:2], ids[2:4], ids[4:5], ids[5:6], ids[6:8]]
 
 
+def reads_of_records(open_memory: Callable[[], Memory]) -> list[tuple[str, str, str | None]]:
+    """The action, outcome and error of each list and history call in the audit trail."""
+    with open_memory() as memory:
+        entries = [e.entry.fields for e in memory.audit_entries(calls_only=True)]
+    return [(f["action"], f["outcome"], f.get("error")) for f in entries if f["action"] in ("list", "history")]
+
+
 @contextmanager
 def serving(app: ASGIApp) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 for the ``with`` block; yields its base URL."""

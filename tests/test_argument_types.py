@@ -128,6 +128,12 @@ CALLS = [
         own={"subject": "None str", "key": "None str", "include_history": "bool", "limit": "None int", "after": "None"},
     ),
     Call("history", lambda c: {"key": "alice::phone", "space": SPACE}, own={"key": "str"}, positional=("key",)),
+    Call(
+        "versions",
+        lambda c: {"key": "alice::phone", "space": SPACE, "limit": None, "after": None},
+        own={"key": "str", "limit": "None int", "after": "None"},
+        positional=("key",),
+    ),
     Call("get", lambda c: {"record_id": c.record, "space": SPACE}, positional=("record_id",)),
     Call("receipt", lambda c: {"record_id": c.record, "space": SPACE}, positional=("record_id",)),
     Call(

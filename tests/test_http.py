@@ -59,6 +59,7 @@ from .serving import (
     certificate_texts,
     new_store,
     paged_by_bytes,
+    reads_of_records,
     receipt_texts,
     serving,
 )
@@ -522,6 +523,68 @@ def test_a_url_not_utf8_once_percent_decoded_is_refused_and_nothing_done(base_ur
     assert (erased.status_code, erased.json()["counts"]["records"]) == (202, 1)
 
 
+def _refused_keys(open_memory: Callable[[], Memory]) -> list[str]:
+    """What each refused API key was refused for, as the audit trail says, in order."""
+    with open_memory() as memory:
+        entries = [e.entry.fields for e in memory.audit_entries(calls_only=True)]
+    return [f["error"] for f in entries if f["action"] == "authenticate" and f["outcome"] == "denied"]
+
+
+def test_a_caller_without_a_valid_key_is_refused_before_its_url_or_body_is_judged(tmp_path: Path) -> None:
+    """The URL was judged before the key: a caller with none, or a bad one, sent a URL the
+    route would misread and got a 422 naming the route's parameters, not a 401. Now only
+    a valid key learns what is wrong with its URL or its body; a refused key is audited
+    once, as with a URL the route takes; and the erasure behind a bad URL is never made."""
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.ADMIN)
+    with opener() as memory:
+        memory.remember("kept", subject="Hank Hill", space=Space("q"))
+    principal, secret = split_api_key(key)
+    wrong_secret = f"dlt_{principal}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
+    # Not more than 10 refused keys in all: past that, a store audits the refusals of a
+    # second by their count (access/calls.py, RefusalBudget).
+    callers = {"none": {}, "secret": {"Authorization": f"Bearer {wrong_secret}"}}
+    body = {"text": "t", "subject": "Hank Hill"}
+    bad: list[tuple[str, str, dict[str, Any] | bytes | None]] = [
+        ("DELETE", "/v1/subjects/Hank%20Hill?basis=x&dry_run=true", None),  # unknown
+        ("DELETE", "/v1/subjects/Hank%20Hill?user_id=q&user_id=r", None),  # repeated
+        ("DELETE", "/v1/subjects/Jos%E9", None),  # not UTF-8
+        ("GET", "/v1/memories?limit=many", None),  # of the wrong type
+        ("POST", "/v1/memories", {**body, "user": "q"}),  # a field the body does not take
+        ("POST", "/v1/memories", b'{"text": "t", "subject": "a", "subject": "b"}'),  # a repeated key
+    ]
+
+    def send(method: str, path: str, content: dict[str, Any] | bytes | None, headers: dict[str, str]) -> httpx.Response:
+        if isinstance(content, bytes):
+            headers = {**headers, "Content-Type": "application/json"}
+            return http.request(method, path, content=content, headers=headers)
+        return http.request(method, path, json=content, headers=headers)
+
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for (method, path, content), (caller, headers) in itertools.product(bad, callers.items()):
+            reply = send(method, path, content, headers)
+            said = (reply.status_code, reply.json()["error"]["code"])
+            assert said == (401, "unauthenticated"), (method, path, caller, reply.text)
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+            assert "query" not in reply.text and "body" not in reply.text
+        malformed = send("DELETE", "/v1/subjects/Hank%20Hill?dry_run=true", None, {"Authorization": "Bearer dlt_x"})
+        assert (malformed.status_code, malformed.json()["error"]["code"]) == (401, "unauthenticated")
+        refused = _refused_keys(opener)
+        assert refused == ["secret"] * len(bad) + ["malformed"]  # each once, none for no key
+        # A URL the route takes: the same refusal, audited once too.
+        assert send("DELETE", "/v1/subjects/Hank%20Hill", None, callers["secret"]).status_code == 401
+        assert _refused_keys(opener) == [*refused, "secret"]
+        # With a valid key, what is wrong is said, as before.
+        for method, path, content in bad:
+            reply = send(method, path, content, {"Authorization": f"Bearer {key}"})
+            said = (reply.status_code, reply.json()["error"]["code"])
+            assert said == (422, "invalid_request"), (method, path, reply.text)
+        assert _refused_keys(opener) == [*refused, "secret"]
+    with opener() as memory:
+        assert [r.text for r in memory.list(space=Space("q"))] == ["kept"]
+        assert memory.erasure_requests() == []
+
+
 def test_a_number_past_pythons_digit_limit_is_named(base_url: str, admin: dict[str, str]) -> None:
     """It was "not UTF-8, or nested too deeply", neither of which it is."""
     body = b'{"text": "t", "subject": "s", "metadata": {"n": ' + b"7" * 5000 + b"}}"
@@ -903,6 +966,103 @@ def test_a_verification_covers_what_every_handle_of_the_server_appended(tmp_path
     assert verdicts == ["PASS", "PASS"]
 
 
+def _signing_late(path: Path) -> Callable[[], Memory]:
+    """How to open handles on a new store at ``path`` that sign their first write at
+    once, then none until the checkpoint interval has passed (not in any test)."""
+    new_store(path)
+    return lambda: Memory.open(path, from_bytes(MASTER), checkpoint_interval_us=10**15)
+
+
+def _leave_unsigned(pool: HandlePool, handles: int) -> None:
+    """Have each of ``handles`` handles (opened by :func:`_signing_late`'s opener) append
+    an entry it has not signed."""
+    with contextlib.ExitStack() as stack:
+        for memory in [stack.enter_context(pool.lease()) for _ in range(handles)]:
+            memory.remember("signed", subject="a")
+            memory.remember("unsigned", subject="a")
+    assert pool.size == handles
+
+
+def test_a_verification_refused_the_lock_past_the_busy_timeout_is_a_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It gives up as a call does, and the next one, once the lock is free, passes."""
+    from deleatur import sqlitefile
+
+    path = tmp_path / "mem.db"
+    opener = _signing_late(path)
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 300)
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    app = create_app(opener, handles=2)
+    holder = apsw.Connection(str(path))
+    with serving(app) as url, httpx.Client(base_url=url, headers=auditor, timeout=60) as http:
+        _leave_unsigned(app.state.pool, 2)
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        try:
+            refused = http.get("/v1/log/verify")
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+        assert (refused.status_code, refused.json()["error"]["code"]) == (503, "store_busy")
+        assert http.get("/v1/log/verify").json()["verdict"] == "PASS"
+    holder.close()
+
+
+@pytest.mark.parametrize("handles", [1, 2])
+def test_a_verification_waiting_for_a_lock_held_elsewhere_holds_up_no_other_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handles: int
+) -> None:
+    """With several handles, a verification held every one of them while each signed what
+    it had appended, and signing waits for the write lock: while another process held it
+    (up to the busy timeout), every other request waited too. The handles are given back
+    while the lock is waited for now, so other requests are served meanwhile; and once the
+    lock is free the verification signs and passes."""
+    from deleatur import sqlitefile
+
+    path = tmp_path / "mem.db"
+    opener = _signing_late(path)
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a held handle would outlast the test
+    signing, waiting = threading.local(), threading.Event()
+    real = Memory.sign_pending
+
+    def watched(self: Memory) -> None:
+        signing.now = True
+        try:
+            real(self)
+        finally:
+            signing.now = False
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if getattr(signing, "now", False):
+                waiting.set()  # a signing's busy handler is waiting for the lock
+            time.sleep(seconds)
+
+    monkeypatch.setattr(Memory, "sign_pending", watched)
+    monkeypatch.setattr(sqlitefile, "time", _Time)
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    app = create_app(opener, handles=handles)
+    holder = apsw.Connection(str(path))
+    with serving(app) as url, httpx.Client(base_url=url, headers=auditor, timeout=60) as http:
+        _leave_unsigned(app.state.pool, handles)
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        answers: list[httpx.Response] = []
+        verifier = threading.Thread(target=lambda: answers.append(http.get("/v1/log/verify")))
+        verifier.start()
+        try:
+            assert waiting.wait(timeout=60), "the verification's signing never waited for the lock"
+            for _ in range(3):
+                assert http.get("/v1/whoami", timeout=5).status_code == 200
+            assert not answers  # the verification still waits
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            verifier.join(timeout=60)
+        assert [a.status_code for a in answers] == [200] and answers[0].json()["verdict"] == "PASS"
+    holder.close()
+
+
 def test_reads_served_together_are_answered_once_their_entries_commit_in_one_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1280,7 +1440,9 @@ def test_history_pages_as_a_listing_does(tmp_path_factory: pytest.TempPathFactor
     """GET /v1/history answered every version of a key at once, however many: a key
     rewritten 2,000 times with 60 KB values took 231 MiB to read, and it has no bound.
     Now it pages and stops before the byte cap as GET /v1/memories does; the client
-    follows the pages, and a key with no version is still not found."""
+    follows the pages, and a key with no version is still not found. Each page is a
+    history call in the audit trail, and an unknown key a failed one, as the library's
+    history makes them (they were list calls, and an unknown key left no entry)."""
     opener = new_store(tmp_path_factory.mktemp("history") / "mem.db")
     with opener() as memory:
         cap, pages = paged_by_bytes(memory, Space("bytes"), key="pages::k")
@@ -1291,6 +1453,14 @@ def test_history_pages_as_a_listing_does(tmp_path_factory: pytest.TempPathFactor
         assert [r.id for r in remote.history("pages::k", space=Space("bytes"))] == [i for ids in pages for i in ids]
         with pytest.raises(NotFoundError, match="no record with this key in this space"):
             remote.history("pages::none", space=Space("bytes"))
+        assert [r.id for r in remote.versions("pages::k", space=Space("bytes"), limit=3, after=pages[0][0])] == [
+            pages[0][1],
+            *pages[1],
+        ]
+    with opener() as memory, pytest.raises(NotFoundError):
+        memory.history("pages::none", space=Space("bytes"))  # as the library audits it
+    ok, unknown = ("history", "ok", None), ("history", "failed", "NotFoundError")
+    assert reads_of_records(opener) == [*[ok] * 10, unknown, ok, ok, unknown]  # the last one the library's
 
 
 def test_exports_stream_and_refusals_keep_their_status(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deleatur import Memory, NewMemory, Role, Space
+from deleatur import Memory, NewMemory, Role, Space, from_bytes
 from deleatur.model import SpaceFilter
 from deleatur.servers.auth import BearerGate
 from deleatur.servers.calls import MAX_EXPORTS
@@ -38,6 +38,7 @@ from .serving import (
     certificate_texts,
     new_store,
     paged_by_bytes,
+    reads_of_records,
     receipt_texts,
     serving,
 )
@@ -722,7 +723,9 @@ async def _pages(session: ClientSession, tool: str, **arguments: Any) -> list[li
 
 def test_history_pages_as_list_memories_does(tmp_path: Path) -> None:
     """history answered every version of a key at once, however many (and the SDK's own
-    client refuses an answer over 1 MiB): now it pages as list_memories does."""
+    client refuses an answer over 1 MiB): now it pages as list_memories does. Each page
+    is a history call in the audit trail, and an unknown key a failed one (they were list
+    calls, and an unknown key left no entry)."""
     options: dict[str, Any] = {}
     pages: list[list[str]] = []
 
@@ -740,6 +743,8 @@ def test_history_pages_as_list_memories_does(tmp_path: Path) -> None:
         assert missing.structured_content["error"]["code"] == "not_found"
 
     _with_store(tmp_path, fill, run, options)
+    calls = reads_of_records(lambda: Memory.open(tmp_path / "mem.db", from_bytes(MASTER)))
+    assert calls == [("history", "ok", None)] * 6 + [("history", "failed", "NotFoundError")]
 
 
 def test_exports_beyond_the_limit_are_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

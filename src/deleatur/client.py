@@ -307,25 +307,31 @@ class Client:
         """Every record (or the first ``limit``), oldest first, streamed as the library's
         ``list`` streams them: the server's pages are followed to the end, never silently
         cut."""
-        if limit is not None:
-            # The pages ask for at most _PAGE records: the server never sees this limit.
-            check_int(limit, "limit", low=1)
-        params: dict[str, Any] = {"subject": subject, "key": key, "history": include_history, **_space(space)}
-
-        def fetch(cursor: str | None, done: int) -> tuple[builtins.list[Record], str | None]:
-            page = {**params, "limit": _page_size(limit, done), "after": cursor}
-            return self._call(_page, "GET", "/v1/memories", params=page)
-
-        return _stream(fetch, after, limit)
+        params = {"subject": subject, "key": key, "history": include_history, **_space(space)}
+        return self._records("/v1/memories", params, limit, after)
 
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         """Every version, as the library returns them: the server's pages, followed to the end."""
+        return builtins.list(self.versions(key, space=space))
 
-        def fetch(cursor: str | None, _done: int) -> tuple[builtins.list[Record], str | None]:
-            page = {"key": key, "limit": _PAGE, "after": cursor, **_space(space)}
-            return self._call(_page, "GET", "/v1/history", params=page)
+    def versions(
+        self, key: str, *, space: Space = DEFAULT_SPACE, limit: int | None = None, after: str | None = None
+    ) -> Iterator[Record]:
+        """The versions (or the first ``limit``), streamed as the library's ``versions``
+        streams them, through the server's pages."""
+        return self._records("/v1/history", {"key": key, **_space(space)}, limit, after)
 
-        return builtins.list(_stream(fetch, None, None))
+    def _records(self, route: str, params: dict[str, Any], limit: int | None, after: str | None) -> Iterator[Record]:
+        """The records of a paged route, from after ``after``, to its end or ``limit``."""
+        if limit is not None:
+            # The pages ask for at most _PAGE records: the server never sees this limit.
+            check_int(limit, "limit", low=1)
+
+        def fetch(cursor: str | None, done: int) -> tuple[builtins.list[Record], str | None]:
+            page = {**params, "limit": _page_size(limit, done), "after": cursor}
+            return self._call(_page, "GET", route, params=page)
+
+        return _stream(fetch, after, limit)
 
     def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
         body = _drop_none({"id": record_id, "key": key, **_space(space)})

@@ -1798,11 +1798,35 @@ class Memory:
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
         """Every version of a key in one space, oldest first."""
+        return builtins.list(self._versions(key, space, limit=None, after=None))
+
+    @guarded("history", R, in_space)
+    def versions(
+        self, key: str, *, space: Space = DEFAULT_SPACE, limit: int | None = None, after: str | None = None
+    ) -> Iterator[Record]:
+        """The versions :meth:`history` returns, streamed as :meth:`list` streams records,
+        and audited as a ``history`` call: at most ``limit`` of them, after the version
+        ``after`` (pages for remote callers, which a key rewritten many times would fill
+        past any bound at once). A key with no version is not found, as by ``history``,
+        when the call is made; after a cursor, a page may hold none."""
+        return self._versions(key, space, limit=limit, after=after)
+
+    def _versions(self, key: str, space: Space, *, limit: int | None, after: str | None) -> Iterator[Record]:
         check_type(space, Space, "space")
-        rows = self.backend.history(self.tenant, space, self._key_ref(space, canonical_key(key)))
-        if not rows:
+        if after is not None:
+            check_record_id(after, "after")
+        if limit is not None:
+            check_int(limit, "limit", low=1)
+        key_ref = self._key_ref(space, canonical_key(key))
+        where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
+        rows = self.backend.select(where)
+        # The first is read now, so that an unknown key fails inside the guarded call,
+        # which audits it as a failed one.
+        first = next(rows, None)
+        if first is None and after is None:
             raise NotFoundError(NO_SUCH_KEY)
-        return [self._decrypt(r) for r in rows]
+        found = () if first is None else (first,)
+        return (self._decrypt(row) for row in itertools.chain(found, rows))
 
 
 def _holds_entries(store_path: Path) -> bool:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..erasure.verify import verify_certificate
-from ..errors import InvalidInputError, NotFoundError
+from ..errors import InvalidInputError
 from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
-from ..memory import NO_SUCH_KEY, Memory
+from ..memory import Memory
 from ..model import Record, Space, check_int, check_name, loads_readable
 from .errors import ServerBusyError
 
@@ -87,20 +88,40 @@ def list_page(
     max_bytes: int,
 ) -> tuple[list[Record], str | None]:
     """Up to ``limit`` records of ``memory.list`` after the record ``after``, and no
-    more than ``max_bytes`` of them (:func:`record_bytes`) but for a first record larger
-    than that, which comes alone; and the cursor of the next page: the last one's id, or
-    None when no record follows. One record more than the page is read, so a page that
-    ends the listing says so even when it is full, and a caller never has to fetch an
-    empty page to learn it. Records are read one at a time, so a page cut short by
+    more than ``max_bytes`` of them, as :func:`_page` pages them."""
+    return _page(
+        lambda most: memory.list(
+            space=space, subject=subject, key=key, include_history=include_history, limit=most, after=after
+        ),
+        limit,
+        max_bytes,
+    )
+
+
+def history_page(
+    memory: Memory, *, key: str, space: Space, limit: int, after: str | None, max_bytes: int
+) -> tuple[list[Record], str | None]:
+    """A page of the versions of ``key`` in ``space``, oldest first, and the cursor of the
+    next, as :func:`_page` pages them: ``Memory.history`` returns them all at once, and a
+    key rewritten 10,000 times with 64 KiB values would be 640 MiB. Read through
+    ``Memory.versions``, so each page is a ``history`` call in the audit trail, and a key
+    with no version a failed one, as the library's ``history`` makes them."""
+    return _page(lambda most: memory.versions(key, space=space, limit=most, after=after), limit, max_bytes)
+
+
+def _page(read: Callable[[int], Iterator[Record]], limit: int, max_bytes: int) -> tuple[list[Record], str | None]:
+    """Up to ``limit`` of the records ``read(most)`` streams, and no more than
+    ``max_bytes`` of them (:func:`record_bytes`) but for a first record larger than
+    that, which comes alone; and the cursor of the next page: the last one's id, or None
+    when no record follows. One record more than the page is read, so a page that ends
+    the listing says so even when it is full, and a caller never has to fetch an empty
+    page to learn it. Records are read one at a time, so a page cut short by
     ``max_bytes`` never decrypted the ``limit`` records it did not hold."""
     check_int(limit, "limit", low=1)
     check_int(max_bytes, "max_bytes", low=1)
-    records = memory.list(
-        space=space, subject=subject, key=key, include_history=include_history, limit=limit + 1, after=after
-    )
     page: list[Record] = []
     size = 0
-    for record in records:
+    for record in read(limit + 1):
         size += record_bytes(record)
         if len(page) == limit or (page and size > max_bytes):
             # Returning drops the listing unfinished, which ends its statement on the handle.
@@ -118,22 +139,6 @@ def audit_page(
     have a next."""
     trail = memory.audit_entries(start=start, limit=limit, calls_only=calls_only, actor=actor, scan=scan)
     return [entry.to_json() for entry in trail], trail.resume
-
-
-def history_page(
-    memory: Memory, *, key: str, space: Space, limit: int, after: str | None, max_bytes: int
-) -> tuple[list[Record], str | None]:
-    """A page of every version of ``key`` in ``space``, oldest first, and the cursor of the
-    next, as :func:`list_page` pages and caps the listing of that key's records of every
-    status, which holds exactly those versions: ``Memory.history`` returns them all at once,
-    and a key rewritten 10,000 times with 64 KiB values would be 640 MiB. A key with no
-    version is not found, as ``Memory.history`` says."""
-    page = list_page(
-        memory, space=space, subject=None, key=key, include_history=True, limit=limit, after=after, max_bytes=max_bytes
-    )
-    if after is None and not page[0]:
-        raise NotFoundError(NO_SUCH_KEY)
-    return page
 
 
 class Exports:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -117,7 +118,7 @@ class ErrorBody(BaseModel):
 
 
 _WHY = {
-    401: "No API key, or one that is not valid (`unauthenticated`).",
+    401: "No API key, or one that is not valid (`unauthenticated`), whatever else the request gets wrong.",
     403: "The key's principal lacks a capability or a scope (`access_denied`; `missing` names it).",
     404: "Unknown record, key, request, decision, restriction or checkpoint (`not_found`).",
     409: "The store's state refuses it (`subject_restricted`, `ambiguous_subject`, `request_id_reused`, `log_error`).",
@@ -300,6 +301,26 @@ class _Refused:
 
     error: StoreBusyError
     patient: bool  # it must be made where it may wait long, not tried again later
+
+
+def _first_try(work: Callable[[], T]) -> T | _Refused:
+    """What ``work`` returns, made under :func:`sqlitefile.first_try`; or, if it found a
+    lock held elsewhere and changed nothing, that refusal, to make it again later."""
+    with first_try() as attempt:
+        try:
+            return work()
+        except StoreBusyError as exc:
+            if not attempt.refused or attempt.committed:
+                raise
+            return _Refused(exc, attempt.patient)
+
+
+def _pauses() -> Iterator[float]:
+    """The pauses before each new try of a refused call: doubling, up to the most."""
+    pause = _FIRST_PAUSE_S
+    while True:
+        yield pause
+        pause = min(pause * 2, _MOST_PAUSE_S)
 
 
 def _query_names(dependant: Dependant) -> Iterator[str]:
@@ -621,13 +642,20 @@ def create_app(
         return _error(error_info(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused = await unproved(request)
+        if refused is not None:
+            return refused
         # Field locations and reasons only: pydantic's "input" echoes the caller's data.
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return _error(ErrorInfo(422, "invalid_request", where))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (400, 422):  # a body the route would misread
+            refused = await unproved(request)
+            if refused is not None:
+                return refused
         if exc.status_code == 400:
             # FastAPI's answer to a body that is not UTF-8 or too deeply nested to parse:
             # a malformed request like any other.
@@ -698,13 +726,7 @@ def create_app(
                 return work(memory)
 
         def tried() -> T | _Refused:
-            with first_try() as attempt:
-                try:
-                    return run()
-                except StoreBusyError as exc:
-                    if not attempt.refused or attempt.committed:
-                        raise
-                    return _Refused(exc, attempt.patient)
+            return _first_try(run)
 
         async def on_handle(work: Callable[[], T | _Refused], *, in_loop: bool) -> T | _Refused:
             if handles != 1:
@@ -741,11 +763,10 @@ def create_app(
                 acquired = True
             if acquired:
                 try:
-                    pause = _FIRST_PAUSE_S
+                    pauses = _pauses()
                     while isinstance(result, _Refused) and not result.patient and time.monotonic() < give_up:
                         if not waited:
-                            await anyio.sleep(pause)
-                            pause = min(pause * 2, _MOST_PAUSE_S)
+                            await anyio.sleep(next(pauses))
                         waited = False
                         result = await on_handle(tried, in_loop=inline)
                 finally:
@@ -760,6 +781,20 @@ def create_app(
 
     groups = AuditGroups(lambda write: on_store(write, inline=True)) if handles == 1 else None
 
+    async def unproved(request: Request) -> JSONResponse | None:
+        """The answer to a request refused before its call (a URL or a body it would
+        misread) if its API key is missing or not valid, else None: only a caller with
+        a valid key learns what is wrong, which names the route's parameters and fields.
+        The key is checked alone, as the call would have checked it, so a refused one is
+        audited once, and nothing that the request says reaches any other library call."""
+        try:
+            await _authenticated(await _BEARER(request))
+            api_key = _API_KEY.get()
+            await on_store(lambda m: m.authenticate(api_key), inline=True)
+        except DeleaturError as exc:
+            return _error(error_info(exc))
+        return None
+
     verifying = asyncio.Lock()  # one whole-log verification at a time
 
     async def verified(verify: Callable[[Memory, int | None], Report], size: int | None) -> dict[str, object]:
@@ -772,7 +807,9 @@ def create_app(
         and the verification reads the log as it was at that moment: its read snapshot
         begins before any of them appends anything more (the pool lends none meanwhile),
         so every entry it sees that no checkpoint covers fails the coverage check, as on
-        the shared handle before.
+        the shared handle before. While another process holds the write lock that
+        signing needs, the handles are not held: they serve other requests, and the
+        signing is tried again, as a call is (``on_store``).
 
         While the snapshot is open, no scrub waits for it (``long_reads``): an erasure
         made meanwhile answers at once, its request saying the -wal was not truncated,
@@ -789,28 +826,53 @@ def create_app(
                 raise
             return memory, view, stack
 
-        def signed_then_begun(memory: Memory, stack: ExitStack) -> None:
+        def sign(shared: Memory) -> None:
+            as_caller(shared, api_key).sign_pending()
+
+        def signed_then_begun(memory: Memory, stack: ExitStack, patient: bool) -> _Refused | None:
             # Every handle held until the snapshot has begun: none appends between its
             # signing and then, so every entry the snapshot holds is signed or foreign (a
             # handle not signed, or leased again once signed, left entries that were not).
+            # But not while a lock held elsewhere is waited for: that would keep every
+            # request waiting too. A signing that finds one gives up at once, having
+            # changed nothing, and all are given back; the next try signs on every handle
+            # again, what they appended meanwhile included. Each signing is a try of its
+            # own: one handle's commit does not make the next one wait.
             with pool.lease_all() as leased:
                 for shared in leased:
-                    as_caller(shared, api_key).sign_pending()
+                    if patient:
+                        sign(shared)
+                    elif (refused := _first_try(partial(sign, shared))) is not None:
+                        return refused
                 # Closed in reverse: the snapshot ends, then the long read, whose handle
                 # truncates the -wal if a removal made meanwhile could not.
                 stack.enter_context(long_reads.of(memory))
                 stack.enter_context(memory.read_snapshot())
+            return None
+
+        async def begun(memory: Memory, stack: ExitStack, patient: bool) -> _Refused | None:
+            # `turn`, so that with one handle no call in the loop waits for it there; with
+            # several nothing else takes `turn`: it costs nothing then.
+            async with turn:
+                return await anyio.to_thread.run_sync(signed_then_begun, memory, stack, patient)
 
         async with verifying:
             # Opened first, without `turn`: opening may finish a crash's work and wait.
             memory, view, stack = await anyio.to_thread.run_sync(opened)
             try:
                 # With a size too: signing is the guarded call that refuses (and audits) a
-                # caller that may not verify before a snapshot is opened for it. `turn`, so
-                # that with one handle no call in the loop waits for it there; with several
-                # nothing else takes `turn`: it costs nothing then.
-                async with turn:
-                    await anyio.to_thread.run_sync(signed_then_begun, memory, stack)
+                # caller that may not verify before a snapshot is opened for it. Refused
+                # tries are made again after a pause, as on_store makes them, until the
+                # busy timeout (then 503 store_busy); one refused before work that may wait
+                # long (see sqlitefile.Attempt.patient) is made again waiting as it must.
+                give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
+                pauses, patient = _pauses(), False
+                while (refused := await begun(memory, stack, patient)) is not None:
+                    if not refused.patient and time.monotonic() >= give_up:
+                        raise refused.error  # the lock stayed held past the busy timeout
+                    patient = refused.patient
+                    if not patient:
+                        await anyio.sleep(next(pauses))
                 report = await anyio.to_thread.run_sync(verify, view, size)
             finally:
                 # In a thread (closing signs a checkpoint and truncates the -wal, which may

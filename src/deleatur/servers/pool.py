@@ -56,7 +56,10 @@ class HandlePool:
     @contextmanager
     def lease_all(self) -> Iterator[list[Memory]]:
         """Every handle the pool has opened (a new one if it has none), once all are free;
-        no other lease starts until the block ends, so they append nothing meanwhile."""
+        no other lease starts until the block ends, so they append nothing meanwhile.
+        Every request waits for the block: it must not wait in it for a lock another
+        process may hold for long (try under sqlitefile.first_try, and leave the block
+        to wait, as the HTTP server's verification does)."""
         with self._lock:
             while self._all and not self._closed:
                 self._lock.wait()
