@@ -55,7 +55,7 @@ def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_pat
 from pathlib import Path
 from deleatur.crypto.signing import write_text_secret
 try:
-    write_text_secret(Path({str(secret)!r}), sys.argv[1], replace=False)
+    write_text_secret(Path({str(secret)!r}), sys.argv[1])
     print("placed")
 except FileExistsError as exc:
     print("refused:", exc.filename)
@@ -71,7 +71,7 @@ except FileExistsError as exc:
 
 def _write_secret(path: Path, text: str) -> str:
     try:
-        write_text_secret(path, text, replace=False)
+        write_text_secret(path, text)
     except FileExistsError:
         return "refused"
     return text
@@ -94,8 +94,8 @@ import errno, os, sys
 from pathlib import Path
 from deleatur.crypto.signing import write_text_secret
 {without_unnamed_files}
-os.link = os.replace = lambda *args, **kwargs: os._exit(9)
-write_text_secret(Path(sys.argv[1]), sys.argv[2], replace=sys.argv[3] == "replace")
+os.link = lambda *args, **kwargs: os._exit(9)
+write_text_secret(Path(sys.argv[1]), sys.argv[2])
 """
 
 # Where the system has no unnamed files: Python without O_TMPFILE, or a file system
@@ -113,10 +113,9 @@ os.open = open_refusing_unnamed
 }
 
 
-def _write_secret_killed(path: Path, text: str, *, replace: bool = False, without_unnamed_files: str = "") -> None:
+def _write_secret_killed(path: Path, text: str, *, without_unnamed_files: str = "") -> None:
     script = _KILLED_BEFORE_PLACING.format(without_unnamed_files=without_unnamed_files)
-    mode = "replace" if replace else "exclusive"
-    killed = subprocess.run([sys.executable, "-c", script, str(path), text, mode], capture_output=True, check=False)
+    killed = subprocess.run([sys.executable, "-c", script, str(path), text], capture_output=True, check=False)
     assert (killed.returncode, killed.stderr) == (9, b"")
 
 
@@ -137,27 +136,24 @@ def test_a_writer_killed_before_placing_its_secret_leaves_no_copy_of_it(tmp_path
     assert write_text_secret(tmp_path / "m.db.master-key", "placed").st_size == len("placed\n")
 
 
-@pytest.mark.parametrize(
-    "without_unnamed_files", ["", *_WITHOUT_UNNAMED_FILES.values()], ids=["replacing", *_WITHOUT_UNNAMED_FILES]
-)
+@pytest.mark.parametrize("without_unnamed_files", _WITHOUT_UNNAMED_FILES.values(), ids=_WITHOUT_UNNAMED_FILES)
 def test_a_secret_a_killed_writer_left_named_goes_at_the_next_write_of_that_secret(
     tmp_path: Path, without_unnamed_files: str
 ) -> None:
-    """Where the secret must have a name before it is placed (no unnamed files, or a
-    file replaced by a rename), a killed writer's copy stays until the next process
-    writes the same secret: that write removes it, and only copies of that secret."""
-    replacing = not without_unnamed_files
+    """Where the secret must have a name before it is placed (no unnamed files), a
+    killed writer's copy stays until the next process writes the same secret: that
+    write removes it, and only copies of that secret."""
     path, other = tmp_path / "m.db.signing-key.new", tmp_path / "other.key"
-    _write_secret_killed(path, "the lost secret", replace=replacing, without_unnamed_files=without_unnamed_files)
-    _write_secret_killed(other, "another secret", replace=replacing, without_unnamed_files=without_unnamed_files)
+    _write_secret_killed(path, "the lost secret", without_unnamed_files=without_unnamed_files)
+    _write_secret_killed(other, "another secret", without_unnamed_files=without_unnamed_files)
     left = _files_holding(tmp_path, "the lost secret")
     assert len(left) == 1 and left[0].startswith(f"{path.name}.") and left[0].endswith(".tmp"), left
     assert stat.S_IMODE((tmp_path / left[0]).stat().st_mode) == 0o600
-    write = f"""
+    write = """
 import sys
 from pathlib import Path
 from deleatur.crypto.signing import write_text_secret
-write_text_secret(Path(sys.argv[1]), "the new secret", replace={replacing})
+write_text_secret(Path(sys.argv[1]), "the new secret")
 """
     subprocess.run([sys.executable, "-c", write, str(path)], check=True)
     assert _files_holding(tmp_path, "the lost secret") == []

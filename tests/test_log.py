@@ -266,7 +266,7 @@ def test_reopening_finishes_an_interrupted_rotation(memory: Memory, store_path: 
 
     old = memory.log.signer
     assert old is not None
-    write_signer(pending_path(memory.signing_key_path), new, replace=True)
+    write_signer(pending_path(memory.signing_key_path), new)
     with memory.backend.atomic():  # the rotation committed, then the process died
         memory.log.announce_key(new, previous=old)
         memory.log.signer = new
@@ -291,7 +291,8 @@ def test_a_foreign_signing_key_file_is_refused(memory: Memory, store_path: Path)
     from deleatur import KeyStoreError
     from deleatur.crypto.signing import write_signer
 
-    write_signer(memory.signing_key_path, Signer.generate(memory.log.origin), replace=True)
+    memory.signing_key_path.unlink()  # a secret is never written over another file
+    write_signer(memory.signing_key_path, Signer.generate(memory.log.origin))
     with pytest.raises(KeyStoreError, match="is not this store's current key"):
         Memory.open(store_path, from_bytes(MASTER))
 

@@ -102,7 +102,7 @@ from .model import (
     erased_ref,
     validate_text,
 )
-from .newfiles import Made, check_directory, init_lock, making
+from .newfiles import Made, check_directory, exclusive_lock, init_lock, making
 from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
@@ -634,7 +634,7 @@ class Memory:
         signer = Signer.generate(self.log.origin)
         try:
             with Made() as made:  # the key file goes if its announcement fails
-                made.add(self.signing_key_path, write_signer(self.signing_key_path, signer, replace=False))
+                made.add(self.signing_key_path, write_signer(self.signing_key_path, signer))
                 self._announce_first_key(signer)
         except BaseException:
             self.log.signer = None
@@ -654,28 +654,54 @@ class Memory:
     def rotate_signing_key(self) -> Signer:
         """Replace the signing key: the new key is announced in the log, endorsed by the
         old one, and the checkpoint at the rotation is signed by both. Checkpoints signed
-        before stay verifiable with the old public key; the old private key is gone."""
+        before stay verifiable with the old public key; the old private key is gone.
+
+        One rotation of a store runs at a time, holding a lock beside the key file
+        (``<key>.rotate-lock``): another meanwhile is refused at once, as is one that
+        began with a key another rotation has replaced since (LogError), having changed
+        nothing. Two at once wrote one pending key file, each over the other's: the first
+        to commit moved the other's key into place, and the other announced its own as
+        the successor of a key no longer current, breaking the log's key chain."""
         old = self.log.signer
         if old is None:
             raise self._no_signer()
         new = Signer.generate(self.log.origin)
         pending = pending_path(self.signing_key_path)
-        write_signer(pending, new, replace=True)
-        try:
-            with self._logged(sign=True):
-                self.log.announce_key(new, previous=old)
-                self.log.signer = new
-                self.log.checkpoint(old)
-        except BaseException:
-            self.log.signer = old
+        lock = self.signing_key_path.with_name(self.signing_key_path.name + ".rotate-lock")
+        busy = f"another rotation of the signing key {self.signing_key_path} is running"
+        with exclusive_lock(lock, busy, LogError):
+            # Read again under the lock: a rotation that committed since this call began
+            # replaced the key this one would endorse its successor with.
+            current = self._load_signer()
+            if current is None or current.key_id != old.key_id:
+                raise self._rotated_meanwhile()
+            # A pending key left now is a killed rotation's, never announced: one that
+            # was, _load_signer has just moved into place.
             pending.unlink(missing_ok=True)
-            raise
-        with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
-            os.replace(pending, self.signing_key_path)
+            write_signer(pending, new)
+            try:
+                with self._logged(sign=True):
+                    if self.backend.signing_keys()[-1][0] != old.key_id.hex():
+                        raise self._rotated_meanwhile()  # by a release that takes no lock
+                    self.log.announce_key(new, previous=old)
+                    self.log.signer = new
+                    self.log.checkpoint(old)
+            except BaseException:
+                self.log.signer = old
+                pending.unlink(missing_ok=True)
+                raise
+            with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
+                os.replace(pending, self.signing_key_path)
         placed = read_signer(self.signing_key_path)
         if placed is None or placed.key_id != new.key_id:
             raise KeyStoreError(f"the new signing key did not reach {self.signing_key_path}; the rotation is logged")
         return new
+
+    def _rotated_meanwhile(self) -> LogError:
+        return LogError(
+            f"another rotation replaced the signing key {self.signing_key_path} since this one began"
+            f" (the log's current key is {self.backend.signing_keys()[-1][0]}); nothing was changed"
+        )
 
     def _current_signer(self) -> Signer | None:
         """The signing key, read again if another process (`keys rotate` beside a running

@@ -37,42 +37,37 @@ def pending_path(path: Path) -> Path:
     return path.with_name(path.name + ".new")
 
 
-def write_signer(path: Path, signer: Signer, *, replace: bool) -> os.stat_result:
+def write_signer(path: Path, signer: Signer) -> os.stat_result:
     try:
-        return write_text_secret(path, signer.skey, replace=replace)
+        return write_text_secret(path, signer.skey)
     except FileExistsError:
         raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key") from None
 
 
-def write_text_secret(path: Path, text: str, *, replace: bool = False) -> os.stat_result:
+def write_text_secret(path: Path, text: str) -> os.stat_result:
     """Write a secret whole or not at all, and return the identity of the file placed.
 
     On Linux the secret is written to an unnamed file in ``path``'s directory
     (``O_TMPFILE``), mode 0600 from creation, synced, then given its name by a link
     from ``/proc/self/fd``, and the directory synced: a process killed at any point
     leaves either no file or the placed one, never a copy of the secret under another
-    name that nothing would remove. Unless ``replace``, the link fails
-    (FileExistsError) if any file is at ``path``, so of writers racing for one path
+    name that nothing would remove. The link fails (FileExistsError) if any file is
+    at ``path``, so of writers racing for one path
     exactly one places its secret, whole, and the others change nothing; a check
     beforehand would leave a moment in which two both find none, and the later one's
     secret wins. Errors name ``path``, not a temporary file.
 
     Where there are no unnamed files (another system, a file system without them, no
     ``/proc``), it is written to ``<name>.<random>.tmp`` beside ``path`` (two writers
-    never share one), linked or renamed into place, and removed. A writer killed
+    never share one), linked into place, and removed. A writer killed
     before the removal leaves that file: each write of a secret first removes those
     of its name older than the writing process, so a killed writer's copy lasts only
     until the next write of the same secret.
-
-    With ``replace``, the secret is placed by a rename, which needs a name first:
-    there is no unnamed file then, and a killed writer's copy goes as above.
     """
     data = (text + "\n").encode("ascii")
     try:
         _remove_strays(path)
-        placed = None if replace else _place_unnamed(path, data)
-        if placed is None:
-            placed = _place_named(path, data, replace=replace)
+        placed = _place_unnamed(path, data) or _place_named(path, data)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -110,7 +105,7 @@ def _place_unnamed(path: Path, data: bytes) -> os.stat_result | None:
     return placed
 
 
-def _place_named(path: Path, data: bytes, *, replace: bool) -> os.stat_result:
+def _place_named(path: Path, data: bytes) -> os.stat_result:
     tmp, fd = _create_temporary(path)
     try:
         try:
@@ -118,10 +113,7 @@ def _place_named(path: Path, data: bytes, *, replace: bool) -> os.stat_result:
             placed = os.fstat(fd)
         finally:
             os.close(fd)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
+        os.link(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return placed
