@@ -506,7 +506,7 @@ def test_a_rotation_waiting_for_the_lock_keeps_its_new_key_when_another_process_
     with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
         memory.new_signing_key()
         pending = pending_path(memory.signing_key_path)
-        write_signer(pending, Signer.generate(memory.log.origin), replace=True)  # written, lock not yet taken
+        write_signer(pending, Signer.generate(memory.log.origin))  # written, lock not yet taken
     with Memory.open(store_path, from_bytes(MASTER)) as other:
         other.remember("meanwhile", subject="a")
     assert pending.exists()

@@ -6,6 +6,8 @@ import functools
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,7 @@ def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_pat
 from pathlib import Path
 from deleatur.crypto.signing import write_text_secret
 try:
-    write_text_secret(Path({str(secret)!r}), sys.argv[1], replace=False)
+    write_text_secret(Path({str(secret)!r}), sys.argv[1])
     print("placed")
 except FileExistsError as exc:
     print("refused:", exc.filename)
@@ -69,7 +71,7 @@ except FileExistsError as exc:
 
 def _write_secret(path: Path, text: str) -> str:
     try:
-        write_text_secret(path, text, replace=False)
+        write_text_secret(path, text)
     except FileExistsError:
         return "refused"
     return text
@@ -83,6 +85,89 @@ def test_secrets_written_to_one_path_together_place_one_whole_and_refuse_the_res
         assert outcomes.count("refused") == 5, [o[:20] for o in outcomes]
         assert secret.read_text() == next(o for o in outcomes if o != "refused") + "\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"secret{round}" for round in range(4)]
+
+
+# A writer killed once its secret is written, before it is placed: every call that
+# would place it ends the process there, as a kill would.
+_KILLED_BEFORE_PLACING = """
+import errno, os, sys
+from pathlib import Path
+from deleatur.crypto.signing import write_text_secret
+{without_unnamed_files}
+os.link = lambda *args, **kwargs: os._exit(9)
+write_text_secret(Path(sys.argv[1]), sys.argv[2])
+"""
+
+# Where the system has no unnamed files: Python without O_TMPFILE, or a file system
+# that refuses them.
+_WITHOUT_UNNAMED_FILES = {
+    "no O_TMPFILE": "del os.O_TMPFILE",
+    "refused by the file system": """
+real_open = os.open
+def open_refusing_unnamed(path, flags, *args, **kwargs):
+    if flags & os.O_TMPFILE == os.O_TMPFILE:
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), path)
+    return real_open(path, flags, *args, **kwargs)
+os.open = open_refusing_unnamed
+""",
+}
+
+
+def _write_secret_killed(path: Path, text: str, *, without_unnamed_files: str = "") -> None:
+    script = _KILLED_BEFORE_PLACING.format(without_unnamed_files=without_unnamed_files)
+    killed = subprocess.run([sys.executable, "-c", script, str(path), text], capture_output=True, check=False)
+    assert (killed.returncode, killed.stderr) == (9, b"")
+
+
+def _files_holding(directory: Path, secret: str) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if secret.encode() in p.read_bytes())
+
+
+def _has_unnamed_files(directory: Path) -> bool:
+    try:
+        os.close(os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600))
+    except (AttributeError, OSError):
+        return False
+    return os.path.isdir("/proc/self/fd")
+
+
+def test_a_writer_killed_before_placing_its_secret_leaves_no_copy_of_it(tmp_path: Path) -> None:
+    """It wrote the secret to a temporary file of its own name (`NAME.<random>.tmp`),
+    which a writer killed before removing it left, a copy of a master or signing key
+    that nothing ever removed; the secret is now written to an unnamed file, gone with
+    the process."""
+    if not _has_unnamed_files(tmp_path):
+        pytest.skip("no unnamed files (O_TMPFILE) here: the test below covers the named ones")
+    secret = "c0ffee" * 10
+    _write_secret_killed(tmp_path / "m.db.master-key", secret)
+    assert _files_holding(tmp_path, secret) == []
+    assert list(tmp_path.iterdir()) == []
+    assert write_text_secret(tmp_path / "m.db.master-key", "placed").st_size == len("placed\n")
+
+
+@pytest.mark.parametrize("without_unnamed_files", _WITHOUT_UNNAMED_FILES.values(), ids=_WITHOUT_UNNAMED_FILES)
+def test_a_secret_a_killed_writer_left_named_goes_at_the_next_write_of_that_secret(
+    tmp_path: Path, without_unnamed_files: str
+) -> None:
+    """Where the secret must have a name before it is placed (no unnamed files), a
+    killed writer's copy stays until the next process writes the same secret: that
+    write removes it, and only copies of that secret."""
+    path, other = tmp_path / "m.db.signing-key.new", tmp_path / "other.key"
+    _write_secret_killed(path, "the lost secret", without_unnamed_files=without_unnamed_files)
+    _write_secret_killed(other, "another secret", without_unnamed_files=without_unnamed_files)
+    left = _files_holding(tmp_path, "the lost secret")
+    assert len(left) == 1 and left[0].startswith(f"{path.name}.") and left[0].endswith(".tmp"), left
+    assert stat.S_IMODE((tmp_path / left[0]).stat().st_mode) == 0o600
+    write = """
+import sys
+from pathlib import Path
+from deleatur.crypto.signing import write_text_secret
+write_text_secret(Path(sys.argv[1]), "the new secret")
+"""
+    subprocess.run([sys.executable, "-c", write, str(path)], check=True)
+    assert _files_holding(tmp_path, "the lost secret") == []
+    assert path.read_text() == "the new secret\n"
+    assert len(_files_holding(tmp_path, "another secret")) == 1  # another secret's, for its own next write
 
 
 def test_master_key_file_as_a_path_or_a_string(store_path: Path, tmp_path: Path) -> None:

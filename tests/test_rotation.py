@@ -6,13 +6,16 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deleatur import Memory, NewMemory
+from deleatur import Memory, NewMemory, from_file
+from deleatur.crypto.signing import read_signer
 from deleatur.erasure.certificate import signed_message
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.checkpoint import Checkpoint
@@ -24,7 +27,7 @@ from deleatur.log.tlog import rotation_message
 from deleatur.log.witness import UntrustedCheckpointError, Witness, WitnessError, parse_rotation_proof
 from deleatur.store.evidence import StoreEvidence
 
-from .conftest import Cli, FakeClock
+from .conftest import Cli, FakeClock, resume, start_paused
 
 BASIS = "Art. 17(1)(a)"
 
@@ -254,3 +257,62 @@ def test_a_rotation_proof_that_repeats_a_key_or_carries_another_member_is_refuse
     ):
         with pytest.raises(WitnessError, match=problem):
             parse_rotation_proof(forged)
+
+
+_ROTATE = "from deleatur.cli.app import main; main()"
+
+
+def _rotate(store: Path) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _ROTATE, "--store", str(store), "keys", "rotate"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _announced_and_placed(store: Path) -> tuple[list[str], str]:
+    """The vkeys the log announced, once it verifies, and the one of the key file."""
+    with Memory.open(store, from_file(store.with_name(store.name + ".master-key"))) as memory:
+        report = memory.verify_log()
+        assert report.ok, report
+        announced = [key["vkey"] for key in memory.signing_keys()]
+        placed = read_signer(memory.signing_key_path)
+        assert placed is not None
+        assert sorted(p.name for p in store.parent.iterdir() if ".signing-key" in p.name) == [
+            f"{store.name}.signing-key"
+        ]
+        return announced, placed.verifier.vkey
+
+
+@pytest.mark.parametrize(
+    ("paused_at", "refused", "message"),
+    [
+        # The first holds the rotation's lock: the second is refused at once.
+        ("deleatur.memory:write_signer", "second", "another rotation of the signing key"),
+        # The first read the key before the second replaced it: it is refused as it goes on.
+        ("deleatur.log.note:Signer.generate", "first", "another rotation replaced the signing key"),
+    ],
+    ids=["at once", "one after the other, begun together"],
+)
+def test_of_two_rotations_at_once_one_wins_and_the_other_changes_nothing(
+    tmp_path: Path, paused_at: str, refused: str, message: str
+) -> None:
+    """Both wrote one pending key file, each over the other's: the first to commit moved
+    the other's key into place (a key file the log never announced), and the other
+    announced its key as the successor of one no longer current, breaking the key chain;
+    both said they had rotated the key."""
+    store = tmp_path / "m.db"
+    Memory.init(store)[0].close()
+    ((vkey,), _) = _announced_and_placed(store)
+    paused = start_paused(paused_at, _ROTATE, "--store", str(store), "keys", "rotate")
+    second = _rotate(store)
+    outcomes = {"first": resume(paused), "second": second}
+    lost = outcomes.pop(refused)
+    assert lost[:2] == (2, "") and lost[2].startswith(f"error: {message}"), lost
+    assert lost[2].endswith("; nothing was changed\n"), lost
+    ((code, out, err),) = outcomes.values()
+    assert (code, err) == (0, "")
+    winner = out.removeprefix("new verifier key: ").strip()
+    assert _announced_and_placed(store) == ([vkey, winner], winner)

@@ -26,7 +26,8 @@ the shells map ``exit_code`` to the process exit status::
     ├── IntegrityError                   stored bytes fail authentication, or a log
     │                                    would be made to contradict itself
     ├── servers.errors.ServerBusyError   a server has no room for the work now (HTTP 503)
-    ├── log.tlog.LogError                exit 2: no signing key, size out of range
+    ├── log.tlog.LogError                exit 2: no signing key, size out of range,
+    │                                    a rotation beside another
     ├── log.merkle.ProofError            a Merkle proof does not verify (names the step)
     ├── log.note.NoteError               a signed note, key string or signature is bad
     │   └── log.receipt.ReceiptError     a receipt file cannot be read

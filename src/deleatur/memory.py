@@ -101,7 +101,7 @@ from .model import (
     erased_ref,
     validate_text,
 )
-from .newfiles import Made, check_directory, init_lock, making
+from .newfiles import Made, check_directory, exclusive_lock, init_lock, making
 from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
@@ -435,7 +435,7 @@ class Memory:
         if not self._owner:
             return
         if self._current_signer() is not None:
-            self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
+            self._sign_pending()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
         self.backend.close()
 
@@ -597,9 +597,12 @@ class Memory:
         The new tree head is signed in the same transaction when ``sign`` is set
         (erasures), or when the last checkpoint this handle signed is older than
         ``checkpoint_interval_us``: signing costs more than the write itself, so single
-        writes arriving together share a checkpoint. Receipts, `log checkpoint`,
-        certificates and ``close()`` sign whatever is not yet covered; a tail a crash
-        left uncovered stays visible to `log verify` until the next checkpoint.
+        writes arriving together share a checkpoint. ``close()``, receipts, proofs and
+        certificates sign up to this handle's own last entry (:meth:`_sign_pending`),
+        never entries another connection appended after it: a tail a crash left
+        uncovered, or rows written into the database by hand, stay visible to `log
+        verify` until a checkpoint of the next append covers them (it covers the whole
+        prefix) or the local operator's `log checkpoint` does (:meth:`checkpoint`).
 
         ``audit_only`` transactions (a call's audit entry and nothing else, or an
         upgrade's rewrite as the store opens) go ahead without the signing key: a read
@@ -654,7 +657,7 @@ class Memory:
         signer = Signer.generate(self.log.origin)
         try:
             with Made() as made:  # the key file goes if its announcement fails
-                made.add(self.signing_key_path, write_signer(self.signing_key_path, signer, replace=False))
+                made.add(self.signing_key_path, write_signer(self.signing_key_path, signer))
                 self._announce_first_key(signer)
         except BaseException:
             self.log.signer = None
@@ -674,28 +677,54 @@ class Memory:
     def rotate_signing_key(self) -> Signer:
         """Replace the signing key: the new key is announced in the log, endorsed by the
         old one, and the checkpoint at the rotation is signed by both. Checkpoints signed
-        before stay verifiable with the old public key; the old private key is gone."""
+        before stay verifiable with the old public key; the old private key is gone.
+
+        One rotation of a store runs at a time, holding a lock beside the key file
+        (``<key>.rotate-lock``): another meanwhile is refused at once, as is one that
+        began with a key another rotation has replaced since (LogError), having changed
+        nothing. Two at once wrote one pending key file, each over the other's: the first
+        to commit moved the other's key into place, and the other announced its own as
+        the successor of a key no longer current, breaking the log's key chain."""
         old = self.log.signer
         if old is None:
             raise self._no_signer()
         new = Signer.generate(self.log.origin)
         pending = pending_path(self.signing_key_path)
-        write_signer(pending, new, replace=True)
-        try:
-            with self._logged(sign=True):
-                self.log.announce_key(new, previous=old)
-                self.log.signer = new
-                self.log.checkpoint(old)
-        except BaseException:
-            self.log.signer = old
+        lock = self.signing_key_path.with_name(self.signing_key_path.name + ".rotate-lock")
+        busy = f"another rotation of the signing key {self.signing_key_path} is running"
+        with exclusive_lock(lock, busy, LogError):
+            # Read again under the lock: a rotation that committed since this call began
+            # replaced the key this one would endorse its successor with.
+            current = self._load_signer()
+            if current is None or current.key_id != old.key_id:
+                raise self._rotated_meanwhile()
+            # A pending key left now is a killed rotation's, never announced: one that
+            # was, _load_signer has just moved into place.
             pending.unlink(missing_ok=True)
-            raise
-        with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
-            os.replace(pending, self.signing_key_path)
+            write_signer(pending, new)
+            try:
+                with self._logged(sign=True):
+                    if self.backend.signing_keys()[-1][0] != old.key_id.hex():
+                        raise self._rotated_meanwhile()  # by a release that takes no lock
+                    self.log.announce_key(new, previous=old)
+                    self.log.signer = new
+                    self.log.checkpoint(old)
+            except BaseException:
+                self.log.signer = old
+                pending.unlink(missing_ok=True)
+                raise
+            with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
+                os.replace(pending, self.signing_key_path)
         placed = read_signer(self.signing_key_path)
         if placed is None or placed.key_id != new.key_id:
             raise KeyStoreError(f"the new signing key did not reach {self.signing_key_path}; the rotation is logged")
         return new
+
+    def _rotated_meanwhile(self) -> LogError:
+        return LogError(
+            f"another rotation replaced the signing key {self.signing_key_path} since this one began"
+            f" (the log's current key is {self.backend.signing_keys()[-1][0]}); nothing was changed"
+        )
 
     def _current_signer(self) -> Signer | None:
         """The signing key, read again if another process (`keys rotate` beside a running
@@ -747,17 +776,27 @@ class Memory:
 
     @guarded("log.checkpoint", (V, R, W), audit=False)
     def checkpoint(self, *, size: int | None = None) -> Note:
-        """The latest signed checkpoint (signing one now if the log grew without one), or
-        the stored one of tree size ``size``, with any cosignatures a witness added to it."""
+        """The latest signed checkpoint, or the stored one of tree size ``size``, with any
+        cosignatures a witness added to it.
+
+        Without ``size``, entries no checkpoint covers are signed first: for the local
+        operator (`deleatur log checkpoint`, a library handle of its own), the whole log,
+        a tail no handle vouches for included (a crashed writer's, or rows written into
+        the database by hand): the operator's explicit word that those entries are the
+        log's, which the coverage check's failure asks for once they have looked at them.
+        For a principal (an API key over HTTP), only what this handle appended,
+        as ``close()`` signs."""
         if size is None:
-            return self._checkpoint()
+            return self._checkpoint(whole_log=self.principal.operator)
         check_int(size, "size", low=0)
         found = self.backend.checkpoint(size)
         if found is None:
             raise NotFoundError(f"no stored checkpoint of size {size}")
         return Note.parse(found[1])
 
-    def _checkpoint(self) -> Note:
+    def _checkpoint(self, *, whole_log: bool = False) -> Note:
+        """The latest checkpoint, once this call's entry and this handle's own are
+        signed, or, with ``whole_log``, every entry (see :meth:`checkpoint`)."""
         call = self._current
         if call is not None and not call.logged:
             with self._logged(sign=True):
@@ -767,8 +806,13 @@ class Memory:
             return Note.parse(latest[1])
         if self.log.signer is None:
             raise self._no_signer()
+        if whole_log:
+            with self.backend.atomic():
+                return self.log.checkpoint()
         with self.backend.atomic():
-            return self.log.checkpoint()
+            self.log.sign_own()
+        self._shared.unsigned = False
+        return self.log.latest_checkpoint()
 
     @guarded("log.receipt", R, in_space)
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
@@ -780,6 +824,7 @@ class Memory:
         index = indexes[0]
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
+        self._check_covered(index, size)
         entry = self.log.entry(index)
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
         return Receipt(record_id=record_id, entry=entry, proof=proof)
@@ -791,12 +836,23 @@ class Memory:
         check_int(index, "index", low=0)
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
+        self._check_covered(index, size)
         if not index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
         entry = self.log.entry(index)
         if json.loads(entry).get("tenant", self.tenant) != self.tenant:
             raise NotFoundError(f"entry {index} is not this tenant's")
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
+
+    def _check_covered(self, index: int, size: int) -> None:
+        """Refuse to prove an entry of the log that the checkpoint of ``size`` does not
+        cover: another connection appended it, and this handle cannot vouch for it."""
+        if size <= index < self.backend.log_size():
+            raise LogError(
+                f"log entry {index} is not covered by a signed checkpoint yet (the latest covers {size} entries):"
+                " its writer signs it within its checkpoint interval or as it closes, or else `deleatur log"
+                " checkpoint` does"
+            )
 
     @guarded("log.consistency", (V, R), audit=False)
     def consistency_request(self, old: Note, *, new_witness: bool = False) -> str:
@@ -900,14 +956,15 @@ class Memory:
     @guarded("log.sign", V, audit=False)
     def sign_pending(self) -> None:
         """Sign the entries this handle appended within the checkpoint interval, as
-        ``close()`` would, and no other: a tail no checkpoint covers that another
-        connection left (a crash's, or an intruder's) stays for verification to find."""
+        ``close()`` would, up to its own last entry and no further: a tail no checkpoint
+        covers that another connection left after it (a crash's, or an intruder's) stays
+        for verification to find (:meth:`TransparencyLog.sign_own`)."""
         self._sign_pending()
 
     def _sign_pending(self) -> None:
         if self._shared.unsigned and self.log.signer is not None:
             with self.backend.atomic():
-                self.log.checkpoint()
+                self.log.sign_own()
             self._shared.unsigned = False
 
     def read_snapshot(self) -> AbstractContextManager[None]:

@@ -124,63 +124,67 @@ def making(error: type[DeleaturError], what: str) -> Iterator[Made]:
 
 @contextmanager
 def init_lock(store_path: Path) -> Iterator[None]:
-    """Hold the lock of the store's init: a file beside the store, locked (flock) while an
-    init runs, so that a second init is refused at once. Without it, the second took
-    the first one's files, half made, for what a killed init leaves, and finished them
-    as its own, or removed them as it failed. The kernel drops the lock of a killed
-    process; its file stays, and the next init takes it. The file is removed as the lock
-    is released: a process that opened it before finds it gone once locked, and opens
-    the new one.
+    """Hold the lock of the store's init, so that a second init is refused at once.
+    Without it, the second took the first one's files, half made, for what a killed
+    init leaves, and finished them as its own, or removed them as it failed."""
+    lock_path = store_path.with_name(store_path.name + ".init-lock")
+    with exclusive_lock(lock_path, f"another init is creating {store_path}", StoreError):
+        yield
+
+
+@contextmanager
+def exclusive_lock(lock_path: Path, busy: str, error: type[DeleaturError]) -> Iterator[None]:
+    """Hold ``lock_path``, locked (flock) while the block runs; another holder meanwhile
+    is refused at once with ``error``, saying ``busy``. The kernel drops the lock of a
+    killed process; its file stays, and the next holder takes it. The file is removed as
+    the lock is released: a process that opened it before finds it gone once locked, and
+    opens the new one.
 
     Without flock (Windows), the file is the lock: created exclusively, removed as the
-    init ends. A killed init leaves it, and later inits are refused, naming it, until
-    someone who knows that no init runs removes it."""
-    lock_path = store_path.with_name(store_path.name + ".init-lock")
+    block ends. A killed holder leaves it, and later ones are refused, naming it, until
+    someone who knows that none runs removes it."""
     held = None
     if _FLOCK:
-        held = _flock(lock_path, store_path)
+        held = _flock(lock_path, busy, error)
     else:
-        _create_lock_file(lock_path, store_path)
+        _create_lock_file(lock_path, busy, error)
     try:
         yield
     finally:
-        # A lock file left (its directory made read-only since a killed init left it) is
-        # taken up by the next init, or named by its refusal; failing here would hide
-        # how this one ended.
+        # A lock file left (its directory made read-only since a killed holder left it)
+        # is taken up by the next holder, or named by its refusal; failing here would
+        # hide how this one ended.
         with contextlib.suppress(OSError):
             lock_path.unlink()
         if held is not None:
             os.close(held)
 
 
-def _create_lock_file(lock_path: Path, store_path: Path) -> None:
+def _create_lock_file(lock_path: Path, busy: str, error: type[DeleaturError]) -> None:
     try:
         os.close(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
-        raise StoreError(
-            f"another init is creating {store_path}, or one was killed: if none is running, remove"
-            f" {lock_path}; nothing was changed"
-        ) from None
+        raise error(f"{busy}, or one was killed: if none is running, remove {lock_path}; nothing was changed") from None
     except OSError as exc:
-        raise StoreError(creation_problem(lock_path, exc)) from None
+        raise error(creation_problem(lock_path, exc)) from None
 
 
-def _flock(lock_path: Path, store_path: Path) -> int:
+def _flock(lock_path: Path, busy: str, error: type[DeleaturError]) -> int:
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise StoreError(creation_problem(lock_path, exc)) from None
+            raise error(creation_problem(lock_path, exc)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.path.samestat(os.fstat(fd), os.stat(lock_path)):
                 return fd
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"another init is creating {store_path}; nothing was changed") from None
+            raise error(f"{busy}; nothing was changed") from None
         except FileNotFoundError:
             pass
         except OSError as exc:
             os.close(fd)
-            raise StoreError(f"cannot lock {lock_path}: {exc.strerror}") from None
+            raise error(f"cannot lock {lock_path}: {exc.strerror}") from None
         os.close(fd)

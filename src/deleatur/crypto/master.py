@@ -90,7 +90,7 @@ def write_key_file(path: Path, key: bytes) -> os.stat_result:
     """Create the key file with mode 0600 from the start (never world-readable, even
     briefly); never over another one, which may be the only copy of a store's key."""
     try:
-        return write_text_secret(path, key.hex(), replace=False)
+        return write_text_secret(path, key.hex())
     except FileExistsError:
         raise StoreError(f"{path} already exists; refusing to overwrite a master key") from None
 

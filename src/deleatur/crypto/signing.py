@@ -1,18 +1,31 @@
-"""The store's Ed25519 signing key file.
+"""The store's Ed25519 signing key file, and how every secret file is written.
 
 The private key never enters the database. It is written in the signer-key
 format of Go's ``golang.org/x/mod/sumdb/note`` (``PRIVATE+KEY+<name>+<id>+<key>``),
-atomically (a temporary file of its own with mode 0600 from creation, fsync, link or rename).
+whole or not at all, mode 0600 from creation, never over another file, and never
+under a name of its own before it is placed (see :func:`write_text_secret`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-import tempfile
+import re
+import secrets
+import time
 from pathlib import Path
 
 from ..errors import KeyStoreError
 from ..log.note import NoteError, Signer
+
+# What open(O_TMPFILE) fails with where the file system (or an old kernel) has no
+# unnamed files: the named temporary file is the way left.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+# A named temporary file older than this process is no writer's still running here,
+# short of one that stalled since before this process began between writing it and
+# placing it: it is what a killed writer left.
+_STARTED_NS = time.time_ns()
 
 
 def signing_key_path(store_path: Path) -> Path:
@@ -24,51 +37,113 @@ def pending_path(path: Path) -> Path:
     return path.with_name(path.name + ".new")
 
 
-def write_signer(path: Path, signer: Signer, *, replace: bool) -> os.stat_result:
+def write_signer(path: Path, signer: Signer) -> os.stat_result:
     try:
-        return write_text_secret(path, signer.skey, replace=replace)
+        return write_text_secret(path, signer.skey)
     except FileExistsError:
         raise KeyStoreError(f"{path} already exists; refusing to overwrite a signing key") from None
 
 
-def write_text_secret(path: Path, text: str, *, replace: bool = False) -> os.stat_result:
+def write_text_secret(path: Path, text: str) -> os.stat_result:
     """Write a secret whole or not at all, and return the identity of the file placed.
 
-    It is written to a temporary file beside ``path`` with a name of its own (two
-    writers never share one, so neither removes or fills the other's), mode 0600 from
-    creation, synced, put in place, and the directory synced. Unless ``replace``, it is
-    linked into place: the link fails (FileExistsError) if any file is there, so of
-    writers racing for one path exactly one places its secret, whole, and the others
-    change nothing; a check beforehand would leave a moment in which two both find
-    none, and the later one's secret wins. Errors name ``path``, not the temporary file.
-    A process killed between making the temporary file and removing it leaves it
-    (``<name>.<random>.tmp``, mode 0600), where a fixed name let two writers take it
-    from each other.
+    On Linux the secret is written to an unnamed file in ``path``'s directory
+    (``O_TMPFILE``), mode 0600 from creation, synced, then given its name by a link
+    from ``/proc/self/fd``, and the directory synced: a process killed at any point
+    leaves either no file or the placed one, never a copy of the secret under another
+    name that nothing would remove. The link fails (FileExistsError) if any file is
+    at ``path``, so of writers racing for one path
+    exactly one places its secret, whole, and the others change nothing; a check
+    beforehand would leave a moment in which two both find none, and the later one's
+    secret wins. Errors name ``path``, not a temporary file.
+
+    Where there are no unnamed files (another system, a file system without them, no
+    ``/proc``), it is written to ``<name>.<random>.tmp`` beside ``path`` (two writers
+    never share one), linked into place, and removed. A writer killed
+    before the removal leaves that file: each write of a secret first removes those
+    of its name older than the writing process, so a killed writer's copy lasts only
+    until the next write of the same secret.
     """
-    tmp: Path | None = None
+    data = (text + "\n").encode("ascii")
     try:
-        fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        tmp = Path(name)
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-            placed = os.fstat(handle.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
+        _remove_strays(path)
+        placed = _place_unnamed(path, data) or _place_named(path, data)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
     return placed
+
+
+def _place_unnamed(path: Path, data: bytes) -> os.stat_result | None:
+    """``data`` placed at ``path`` from an unnamed file, or None where there is none."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fd = os.open(".", flag | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in _NO_TMPFILE:
+                return None
+            raise
+        try:
+            _write_synced(fd, data)
+            placed = os.fstat(fd)
+            # Through the directory's descriptors, so that os.link calls linkat with
+            # AT_SYMLINK_FOLLOW: a plain link(2) links /proc's symlink itself, which
+            # fails (EXDEV), rather than the file it stands for.
+            os.link(f"/proc/self/fd/{fd}", path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+    return placed
+
+
+def _place_named(path: Path, data: bytes) -> os.stat_result:
+    tmp, fd = _create_temporary(path)
+    try:
+        try:
+            _write_synced(fd, data)
+            placed = os.fstat(fd)
+        finally:
+            os.close(fd)
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return placed
+
+
+def _create_temporary(path: Path) -> tuple[Path, int]:
+    while True:
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+        with contextlib.suppress(FileExistsError):
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+
+
+def _write_synced(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+def _remove_strays(path: Path) -> None:
+    """Remove the temporary files of ``path``'s secret that killed writers left."""
+    stray = re.compile(re.escape(path.name) + r"\.[0-9a-f]{16}\.tmp")
+    # One that cannot be listed or removed stays for the next write: that does not keep
+    # this one from placing its secret, and its own error says more.
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            if stray.fullmatch(entry.name) is not None:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime_ns < _STARTED_NS:
+                        os.unlink(entry.path)
 
 
 def read_signer(path: Path) -> Signer | None:
