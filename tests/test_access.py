@@ -32,6 +32,7 @@ from deleatur import (
     Space,
     SpaceFilter,
     StoreBusyError,
+    StoreError,
     from_bytes,
 )
 from deleatur.access.calls import REFUSALS_PER_SECOND
@@ -359,6 +360,47 @@ def test_a_refused_entry_put_off_by_a_busy_store_keeps_the_count_it_carried(
     refused = [f for f in refused if f["action"] == "authenticate"]
     assert len(refused) == REFUSALS_PER_SECOND + 1
     assert refused[-1]["unwritten"] == 4
+
+
+def test_a_refused_entry_in_a_dropped_audit_batch_keeps_the_count_it_carried(memory: Memory, clock: FakeClock) -> None:
+    """A server drops a group of entries it could not write (its calls are answered with
+    the error): a refusal entry in it gives back the flood it counted, for the next."""
+    start = memory.backend.log_size()
+    for _ in range(REFUSALS_PER_SECOND + 4):
+        with pytest.raises(AuthenticationError):
+            memory.authenticate("not a key")
+    clock.advance(1)
+    batch = memory.audit_batch()
+    with batch.collecting(), pytest.raises(AuthenticationError):
+        memory.authenticate("still not a key")
+    assert len(batch) == 1
+    batch.drop()
+    assert len(batch) == 0
+    batch.write()  # nothing left to write
+    with pytest.raises(AuthenticationError):
+        memory.authenticate("still not a key")
+    refused = [e.entry.fields for e in memory.audit_entries(start=start, calls_only=True)]
+    refused = [f for f in refused if f["action"] == "authenticate"]
+    assert len(refused) == REFUSALS_PER_SECOND + 1
+    assert refused[-1]["unwritten"] == 4
+
+
+def test_an_audit_batch_is_not_written_inside_a_read_snapshot(memory: Memory) -> None:
+    """A read snapshot can write nothing: a batch written in one is refused with a clear
+    error, keeps its entries, and is written once the snapshot ends."""
+    record = memory.remember("kept", subject="a")
+    start = memory.backend.log_size()
+    batch = memory.audit_batch()
+    with batch.collecting():
+        memory.get(record.id)
+    with memory.read_snapshot(), pytest.raises(StoreError, match="inside a read snapshot"):
+        batch.write()
+    assert len(batch) == 1 and memory.backend.log_size() == start
+    batch.write()
+    assert [e.entry.fields["action"] for e in memory.audit_entries(start=start, calls_only=True)] == [
+        "get",
+        "audit.show",
+    ]
 
 
 def test_api_keys_authenticate_and_only_their_digest_is_stored(memory: Memory, store_path: Path) -> None:

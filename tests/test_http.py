@@ -585,6 +585,33 @@ def test_a_caller_without_a_valid_key_is_refused_before_its_url_or_body_is_judge
         assert memory.erasure_requests() == []
 
 
+def test_a_caller_without_a_valid_key_is_refused_before_its_space_is_judged(tmp_path: Path) -> None:
+    """A space is checked inside the call, after the key: a bad key with a bad user id
+    was a 422 (and no refusal in the audit trail) on the read routes."""
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.ADMIN)
+    with opener() as memory:
+        record = memory.remember("kept", subject="a")
+    principal, secret = split_api_key(key)
+    wrong = {"Authorization": f"Bearer dlt_{principal}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"}
+    bad_space = {"user_id": "bell\x07"}
+    routes: list[tuple[str, str, dict[str, Any], dict[str, Any] | None]] = [
+        ("GET", f"/v1/memories/{record.id}", bad_space, None),
+        ("GET", "/v1/memories", bad_space, None),
+        ("GET", "/v1/history", {**bad_space, "key": "k"}, None),
+        ("GET", "/v1/memories/search", {**bad_space, "q": "kept"}, None),
+        ("POST", "/v1/memories/search", {}, {**bad_space, "q": "kept"}),
+    ]
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for method, path, params, body in routes:
+            reply = http.request(method, path, params=params, json=body, headers=wrong)
+            assert (reply.status_code, reply.json()["error"]["code"]) == (401, "unauthenticated"), path
+        assert _refused_keys(opener) == ["secret"] * len(routes)
+        for method, path, params, body in routes:
+            reply = http.request(method, path, params=params, json=body, headers={"Authorization": f"Bearer {key}"})
+            assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_input"), path
+
+
 def test_a_number_past_pythons_digit_limit_is_named(base_url: str, admin: dict[str, str]) -> None:
     """It was "not UTF-8, or nested too deeply", neither of which it is."""
     body = b'{"text": "t", "subject": "s", "metadata": {"n": ' + b"7" * 5000 + b"}}"
@@ -1066,10 +1093,13 @@ def test_a_verification_waiting_for_a_lock_held_elsewhere_holds_up_no_other_requ
 def test_reads_served_together_are_answered_once_their_entries_commit_in_one_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While another process holds the write lock, recalls are still served (their audit
-    entries wait in one group, so they need no lock) but none is answered: a read is not
-    answered before its entry is committed. Once the lock is free, one transaction
-    writes every entry, and then every recall is answered."""
+    """While another process holds the write lock, a write waits for it, but recalls are
+    still served: their audit entries wait in one group, so they take no lock (not even
+    to collect the data key the waiting write made) and none is answered, since a read
+    is not answered before its entry is committed. Once the lock is free, one
+    transaction writes every entry, before the write's (which ran after them), and then
+    every recall is answered."""
+    from deleatur import memory as memory_module
     from deleatur import sqlitefile
 
     opener = new_store(tmp_path / "mem.db")
@@ -1092,33 +1122,77 @@ def test_reads_served_together_are_answered_once_their_entries_commit_in_one_tra
         writes.append((size, True))
 
     monkeypatch.setattr(AuditBatch, "write", watched)
+    held = threading.Event()
+    collected_while_held: list[object] = []
+    collect = memory_module.collect_unused_keys  # type: ignore[attr-defined]
+
+    def watched_collect(memory: Memory, key_ids: Any = None) -> Any:
+        if held.is_set():
+            collected_while_held.append(key_ids)
+        return collect(memory, key_ids)
+
+    monkeypatch.setattr(memory_module, "collect_unused_keys", watched_collect)
     holder = apsw.Connection(str(tmp_path / "mem.db"))
     with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         assert http.post("/v1/memories", json={"text": "grouped reads", "subject": "a"}).status_code == 201
         holder.execute("BEGIN IMMEDIATE").fetchall()
+        held.set()
         answers: list[httpx.Response] = []
+        written: list[httpx.Response] = []
 
         def recall() -> None:
             answers.append(http.get("/v1/memories/search", params={"q": "grouped"}))
 
+        writer = threading.Thread(
+            target=lambda: written.append(http.post("/v1/memories", json={"text": "waits", "subject": "Brand New"}))
+        )
         threads = [threading.Thread(target=recall) for _ in range(readers)]
-        for thread in threads:
+        for thread in [writer, *threads]:
             thread.start()
         try:
             assert gathered.wait(timeout=60), "the recalls' entries never gathered in one group"
-            assert not answers  # each waits for its entry
+            assert not answers and not written  # each read waits for its entry, the write for the lock
         finally:
+            held.clear()
             holder.execute("ROLLBACK").fetchall()
-            for thread in threads:
+            for thread in [writer, *threads]:
                 thread.join(timeout=60)
         assert [a.status_code for a in answers] == [200] * readers
         assert all([h["text"] for h in a.json()["hits"]] == ["grouped reads"] for a in answers)
+        assert [w.status_code for w in written] == [201]
     holder.close()
+    assert not collected_while_held
     assert [size for size, committed in writes if committed] == [readers]
     assert all(not committed for _, committed in writes[:-1])
     with opener() as memory:
         actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
-    assert actions.count("recall") == readers
+    assert actions[-readers - 2 :] == ["recall"] * readers + ["remember", "audit.show"]
+
+
+def test_the_log_lists_calls_in_the_order_they_ran(tmp_path: Path) -> None:
+    """Reads and writes served at once, on one handle: the log lists their entries in the
+    order the calls ran (each entry's time), a read's grouped entry included: a write
+    writes the open group before its own entries."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    with opener() as memory:
+        record = memory.remember("ordered", subject="a")
+
+    async def load(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+            calls = [http.get(f"/v1/memories/{record.id}") for _ in range(30)]
+            calls += [http.post("/v1/memories", json={"text": f"w{i}", "subject": "a"}) for i in range(10)]
+            calls += [http.get("/v1/memories/search", params={"q": "ordered"}) for _ in range(30)]
+            answers = await asyncio.gather(*calls)
+            assert {a.status_code for a in answers} == {200, 201}
+
+    with serving(create_app(opener)) as url:
+        asyncio.run(load(url))
+    with opener() as memory:
+        entries = [e.entry for e in memory.audit_entries(calls_only=True) if e.entry.fields["action"] != "audit.show"]
+    ran = [(e.fields["action"], e.time) for e in entries]
+    assert [action for action, _ in ran].count("remember") == 11 and len(ran) == 73
+    assert ran == sorted(ran, key=lambda item: item[1])
 
 
 def test_reads_whose_entries_cannot_be_written_are_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,6 +203,8 @@ class _Shared:
     #: Where calls' entries go that would be written in transactions of their own,
     #: inside a read snapshot (which can write nothing) or an :class:`AuditBatch`.
     deferred: builtins.list[Entry] | None = None
+    #: Inside a read snapshot.
+    reading: bool = False
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -517,7 +519,10 @@ class Memory:
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
         calls.leave(self, call, error)
-        if self.keys.unsettled and self._current is None and not isinstance(error, StoreBusyError):
+        # Not while entries are deferred (in a read snapshot, or a server's group of
+        # reads): the collection takes the write lock, which such a call never waits for.
+        deferring = self._shared.deferred is not None
+        if self.keys.unsettled and self._current is None and not deferring and not isinstance(error, StoreBusyError):
             # Keys this call made for a write that did not commit (refused or failed under
             # the lock) go now. With a lock held elsewhere they wait for a later call's end,
             # or the next open.
@@ -982,7 +987,11 @@ class Memory:
         batch = AuditBatch(self)
         try:
             with batch.collecting(), self.backend.snapshot():
-                yield
+                self._shared.reading = True
+                try:
+                    yield
+                finally:
+                    self._shared.reading = False
         finally:
             batch.write()
 

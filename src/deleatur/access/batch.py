@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from ..errors import StoreError
 from ..log.entries import Entry
+from . import calls
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -44,11 +46,21 @@ class AuditBatch:
 
     def write(self) -> None:
         """Write the entries collected so far, all in one transaction; they leave the
-        batch once it commits. A refused write (``StoreBusyError``) keeps them, to try
-        again, and entries collected meanwhile go with them."""
+        batch once it commits. A write that fails (refused by a lock held elsewhere, say)
+        keeps them, to try again, and entries collected meanwhile go with them."""
         if not self._entries:
             return
+        if self.memory._shared.reading:
+            raise StoreError("an audit batch cannot be written inside a read snapshot: write it once the snapshot ends")
         written = len(self._entries)
         with self.memory._logged(audit_only=True) as events:
             events.extend((entry, None) for entry in self._entries)
         del self._entries[:written]
+
+    def drop(self) -> None:
+        """Forget the entries collected: they will not be written, and their calls are
+        answered with an error instead. A refused API key's entry gives back its place in
+        the budget of refusals written, and the count of unwritten ones it carried."""
+        for entry in self._entries:
+            calls.refusal_unwritten(self.memory, entry)
+        self._entries.clear()

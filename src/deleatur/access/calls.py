@@ -237,6 +237,14 @@ def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any]
         raise
 
 
+def refusal_unwritten(memory: Memory, entry: Entry) -> None:
+    """``entry``, one that calls made, will not be written after all: if it is a refused
+    key's (:func:`refused_key`), as if it had not been admitted, so the count it carried
+    is not lost."""
+    if entry.type is EventType.CALL and entry.fields.get("action") == "authenticate":
+        memory._refusals.unadmit(entry.time, int(entry.fields.get("unwritten", 0)))
+
+
 def entry(memory: Memory, call: Call) -> Entry:
     principal = memory.principal
     # Users as opaque per-tenant tokens: a user id can name a person.

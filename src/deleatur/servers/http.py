@@ -694,7 +694,13 @@ def create_app(
         joined: set[Group] = set()
 
         def work(memory: Memory) -> T:
-            if groups is None or not reads:
+            if groups is None:
+                return call(as_caller(memory, api_key))
+            if not reads:
+                # The log lists calls in the order they ran: the reads that ran before this
+                # call go into it first (if a lock held elsewhere refuses that, this try
+                # changed nothing, and is made again later).
+                groups.write_open(memory)
                 return call(as_caller(memory, api_key))
             with groups.collecting(memory, joined):
                 return call(as_caller(memory, api_key))
@@ -779,6 +785,7 @@ def create_app(
         assert not isinstance(done, _Refused)
         return done
 
+    # Made after serve and on_store, which use it (as closures do, once called).
     groups = AuditGroups(lambda write: on_store(write, inline=True)) if handles == 1 else None
 
     async def unproved(request: Request) -> JSONResponse | None:
@@ -903,8 +910,10 @@ def create_app(
             inline=True,
         )
 
-    async def search(q: str, space: Space, limit: int) -> dict[str, Any]:
-        hits = await serve(lambda m: m.recall(q, space=space, limit=limit), inline=True, reads=True)
+    async def search(q: str, space: Callable[[], Space], limit: int) -> dict[str, Any]:
+        # The space is made inside the call, as every route's arguments are checked: a bad
+        # key is refused (401, audited) before a bad space is (422).
+        hits = await serve(lambda m: m.recall(q, space=space(), limit=limit), inline=True, reads=True)
         return {"hits": [h.to_json() for h in hits]}
 
     @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
@@ -916,19 +925,20 @@ def create_app(
         run_id: Run = "",
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
-        return await search(q, Space(user_id, agent_id, run_id), limit)
+        return await search(q, lambda: Space(user_id, agent_id, run_id), limit)
 
     @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413))
     async def recall_posted(body: SearchBody) -> dict[str, Any]:
         """The same search, its query in the body: the library takes a query of any
         length (it uses its first words), and a URL cannot carry one over 64 KiB. It also
         keeps the query out of URLs, which proxies and access logs record."""
-        return await search(body.q, body.space(), body.limit)
+        return await search(body.q, body.space, body.limit)
 
     @app.get("/v1/memories/{record_id}", tags=["memories"], responses=_LOOKUP)
     async def get(record_id: str, user_id: User = "default", agent_id: Agent = "", run_id: Run = "") -> dict[str, Any]:
-        where = Space(user_id, agent_id, run_id)
-        return await serve(lambda m: m.get(record_id, space=where).to_json(), inline=True, reads=True)
+        return await serve(
+            lambda m: m.get(record_id, space=Space(user_id, agent_id, run_id)).to_json(), inline=True, reads=True
+        )
 
     @app.get("/v1/memories", tags=["memories"], responses=_READ)
     async def list_(
@@ -945,11 +955,10 @@ def create_app(
         time: ``next`` is the cursor of the following page, null after the last. A page
         holds at most ``limit`` records and about 4 MiB of them (one larger record comes
         alone): a page may hold fewer than ``limit`` and still have a ``next``."""
-        where = Space(user_id, agent_id, run_id)
         records, cursor = await serve(
             lambda m: list_page(
                 m,
-                space=where,
+                space=Space(user_id, agent_id, run_id),
                 subject=subject,
                 key=key,
                 include_history=history,
@@ -973,9 +982,10 @@ def create_app(
     ) -> dict[str, Any]:
         """Every version of a key, oldest first, a page at a time as ``GET /v1/memories``
         pages (``next``, at most ``limit`` records and about 4 MiB of them)."""
-        where = Space(user_id, agent_id, run_id)
         records, cursor = await serve(
-            lambda m: history_page(m, key=key, space=where, limit=limit, after=after, max_bytes=max_page_bytes),
+            lambda m: history_page(
+                m, key=key, space=Space(user_id, agent_id, run_id), limit=limit, after=after, max_bytes=max_page_bytes
+            ),
             inline=True,
             reads=True,
         )
