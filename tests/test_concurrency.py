@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from deleatur import Memory, NewMemory, from_bytes
+from deleatur import Memory, NewMemory, from_bytes, sqlitefile
 
 from .conftest import MASTER, FakeClock
 
@@ -67,3 +69,33 @@ def test_two_handles_writing_in_one_millisecond_keep_ids_in_commit_order(store_p
         seen.append(record.id)
     a.close()
     b.close()
+
+
+def test_a_long_read_is_marked_for_other_processes_until_it_ends_or_its_process_dies(tmp_path: Path) -> None:
+    """A server's long read (an export, a verification) is seen by every process on the
+    store, so their scrubs need not wait for it; a killed process leaves no mark."""
+    database = tmp_path / "mem.db"
+    assert not sqlitefile.long_read_marked(database)  # no marker file yet
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from deleatur import sqlitefile\n"
+            f"with sqlitefile.long_read(Path({str(database)!r})):\n"
+            "    print('held', flush=True); sys.stdin.readline()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    assert sqlitefile.long_read_marked(database)
+    with sqlitefile.long_read(database):  # a second one, here, alongside
+        assert sqlitefile.long_read_marked(database)
+    assert sqlitefile.long_read_marked(database)  # the other one still holds
+    holder.kill()
+    holder.wait(timeout=30)
+    assert not sqlitefile.long_read_marked(database)
+    with sqlitefile.long_read(database):
+        assert sqlitefile.long_read_marked(database)
+    assert not sqlitefile.long_read_marked(database)

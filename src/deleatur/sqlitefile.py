@@ -20,6 +20,13 @@ import apsw
 
 from .errors import NotADeleaturStoreError, StoreBusyError, StoreError
 
+try:
+    import fcntl
+except ImportError:  # Windows: long reads are known within a process only
+    _FLOCK = False
+else:
+    _FLOCK = True
+
 BUSY_TIMEOUT_MS = 30_000
 # Pages the -wal may hold before a commit copies them into the database (SQLite's
 # default is 1,000). A single write appends ~18 pages, mostly the same hot pages as the
@@ -264,6 +271,47 @@ def scrubs_unwaited_during(long_read: Callable[[], bool]) -> Iterator[None]:
         yield
     finally:
         _LONG_READ.reset(token)
+
+
+def _long_read_marker(database: Path) -> Path:
+    return database.with_name(database.name + ".long-reads")
+
+
+@contextmanager
+def long_read(database: Path) -> Iterator[None]:
+    """Mark, for every process, a long read of ``database`` (see
+    :func:`scrubs_unwaited_during`) for the block: a shared flock on an empty file
+    beside it, which the kernel drops if the process dies. Without flock, nothing."""
+    if not _FLOCK:
+        yield
+        return
+    fd = os.open(_long_read_marker(database), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def long_read_marked(database: Path) -> bool:
+    """Whether any process (this one included) marks a long read of ``database``. Two
+    processes asking at once each see the other's question as a long read: a scrub then
+    does not wait, and says so (its removal's mark stays for the next scrub), which a
+    scrub may always do; it never claims a truncation it did not make."""
+    if not _FLOCK:
+        return False
+    try:
+        fd = os.open(_long_read_marker(database), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        return False
+    finally:
+        os.close(fd)
 
 
 def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:

@@ -13,10 +13,11 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import ExitStack, asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -477,16 +478,24 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
 class _LongReads:
     """The reads the server makes on handles of its own that last as long as a client or
     a large log makes them (a streamed export, a whole-log verification), each keeping
-    the -wal from being truncated meanwhile. Called, it says whether one is live: while
-    one is, a request's scrub waits for no reader (sqlitefile.scrubs_unwaited_during),
-    and as each ends its handle truncates the -wal if a scrub made meanwhile could not."""
+    the -wal from being truncated meanwhile. Called, it says whether one is live, in this
+    process or, marked beside the store (sqlitefile.long_read), in another (a worker of
+    ``--workers N``, another server): while one is, a request's scrub waits for no
+    reader (sqlitefile.scrubs_unwaited_during), and as each ends its handle truncates
+    the -wal if a scrub made meanwhile could not."""
 
     def __init__(self) -> None:
         self._live = 0
         self._lock = threading.Lock()
+        self._store: Path | None = None
 
     def __call__(self) -> bool:
-        return self._live > 0
+        return self._live > 0 or (self._store is not None and sqlitefile.long_read_marked(self._store))
+
+    def serving(self, memory: Memory) -> AbstractContextManager[None]:
+        """Around a request's call on ``memory``: its scrubs wait for no long read."""
+        self._store = memory.backend.files()[0]
+        return scrubs_unwaited_during(self)
 
     @contextmanager
     def of(self, memory: Memory) -> Iterator[None]:
@@ -495,7 +504,8 @@ class _LongReads:
         with self._lock:
             self._live += 1
         try:
-            yield
+            with sqlitefile.long_read(memory.backend.files()[0]):
+                yield
         finally:
             with self._lock:
                 self._live -= 1
@@ -728,7 +738,7 @@ def create_app(
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
 
         def run() -> T:
-            with pool.lease() as memory, scrubs_unwaited_during(long_reads):
+            with pool.lease() as memory, long_reads.serving(memory):
                 return work(memory)
 
         def tried() -> T | _Refused:
