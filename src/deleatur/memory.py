@@ -437,7 +437,7 @@ class Memory:
         if not self._owner:
             return
         if self._current_signer() is not None:
-            self._sign_pending()  # no entry this handle wrote is left without a signed checkpoint
+            self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
         self.backend.close()
 
@@ -602,12 +602,9 @@ class Memory:
         The new tree head is signed in the same transaction when ``sign`` is set
         (erasures), or when the last checkpoint this handle signed is older than
         ``checkpoint_interval_us``: signing costs more than the write itself, so single
-        writes arriving together share a checkpoint. ``close()``, receipts, proofs and
-        certificates sign up to this handle's own last entry (:meth:`_sign_pending`),
-        never entries another connection appended after it: a tail a crash left
-        uncovered, or rows written into the database by hand, stay visible to `log
-        verify` until a checkpoint of the next append covers them (it covers the whole
-        prefix) or the local operator's `log checkpoint` does (:meth:`checkpoint`).
+        writes arriving together share a checkpoint. Receipts, `log checkpoint`,
+        certificates and ``close()`` sign whatever is not yet covered; a tail a crash
+        left uncovered stays visible to `log verify` until the next checkpoint.
 
         ``audit_only`` transactions (a call's audit entry and nothing else, or an
         upgrade's rewrite as the store opens) go ahead without the signing key: a read
@@ -781,27 +778,17 @@ class Memory:
 
     @guarded("log.checkpoint", (V, R, W), audit=False)
     def checkpoint(self, *, size: int | None = None) -> Note:
-        """The latest signed checkpoint, or the stored one of tree size ``size``, with any
-        cosignatures a witness added to it.
-
-        Without ``size``, entries no checkpoint covers are signed first: for the local
-        operator (`deleatur log checkpoint`, a library handle of its own), the whole log,
-        a tail no handle vouches for included (a crashed writer's, or rows written into
-        the database by hand): the operator's explicit word that those entries are the
-        log's, which the coverage check's failure asks for once they have looked at them.
-        For a principal (an API key over HTTP), only what this handle appended,
-        as ``close()`` signs."""
+        """The latest signed checkpoint (signing one now if the log grew without one), or
+        the stored one of tree size ``size``, with any cosignatures a witness added to it."""
         if size is None:
-            return self._checkpoint(whole_log=self.principal.operator)
+            return self._checkpoint()
         check_int(size, "size", low=0)
         found = self.backend.checkpoint(size)
         if found is None:
             raise NotFoundError(f"no stored checkpoint of size {size}")
         return Note.parse(found[1])
 
-    def _checkpoint(self, *, whole_log: bool = False) -> Note:
-        """The latest checkpoint, once this call's entry and this handle's own are
-        signed, or, with ``whole_log``, every entry (see :meth:`checkpoint`)."""
+    def _checkpoint(self) -> Note:
         call = self._current
         if call is not None and not call.logged:
             with self._logged(sign=True):
@@ -811,13 +798,8 @@ class Memory:
             return Note.parse(latest[1])
         if self.log.signer is None:
             raise self._no_signer()
-        if whole_log:
-            with self.backend.atomic():
-                return self.log.checkpoint()
         with self.backend.atomic():
-            self.log.sign_own()
-        self._shared.unsigned = False
-        return self.log.latest_checkpoint()
+            return self.log.checkpoint()
 
     @guarded("log.receipt", R, in_space)
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
@@ -829,7 +811,6 @@ class Memory:
         index = indexes[0]
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
-        self._check_covered(index, size)
         entry = self.log.entry(index)
         proof = TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note)
         return Receipt(record_id=record_id, entry=entry, proof=proof)
@@ -841,23 +822,12 @@ class Memory:
         check_int(index, "index", low=0)
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
-        self._check_covered(index, size)
         if not index < size:
             raise InvalidInputError(f"index {index} is outside the log (size {size})")
         entry = self.log.entry(index)
         if json.loads(entry).get("tenant", self.tenant) != self.tenant:
             raise NotFoundError(f"entry {index} is not this tenant's")
         return TlogProof(index, tuple(self.log.inclusion_proof(index, size)), note, extra=entry)
-
-    def _check_covered(self, index: int, size: int) -> None:
-        """Refuse to prove an entry of the log that the checkpoint of ``size`` does not
-        cover: another connection appended it, and this handle cannot vouch for it."""
-        if size <= index < self.backend.log_size():
-            raise LogError(
-                f"log entry {index} is not covered by a signed checkpoint yet (the latest covers {size} entries):"
-                " its writer signs it within its checkpoint interval or as it closes, or else `deleatur log"
-                " checkpoint` does"
-            )
 
     @guarded("log.consistency", (V, R), audit=False)
     def consistency_request(self, old: Note, *, new_witness: bool = False) -> str:
@@ -961,15 +931,14 @@ class Memory:
     @guarded("log.sign", V, audit=False)
     def sign_pending(self) -> None:
         """Sign the entries this handle appended within the checkpoint interval, as
-        ``close()`` would, up to its own last entry and no further: a tail no checkpoint
-        covers that another connection left after it (a crash's, or an intruder's) stays
-        for verification to find (:meth:`TransparencyLog.sign_own`)."""
+        ``close()`` would, and no other: a tail no checkpoint covers that another
+        connection left (a crash's, or an intruder's) stays for verification to find."""
         self._sign_pending()
 
     def _sign_pending(self) -> None:
         if self._shared.unsigned and self.log.signer is not None:
             with self.backend.atomic():
-                self.log.sign_own()
+                self.log.checkpoint()
             self._shared.unsigned = False
 
     def read_snapshot(self) -> AbstractContextManager[None]:

@@ -57,9 +57,6 @@ class TransparencyLog:
         self._cache: CompactRange | None = None
         self._uncommitted: CompactRange | None = None
         self._cache_version = -1
-        #: The tree size after this handle's last committed append: beyond the stored
-        #: checkpoints, what it can vouch for (see :meth:`sign_own`).
-        self.appended_size = 0
 
     # -- reading stored hashes -----------------------------------------------------
 
@@ -116,8 +113,6 @@ class TransparencyLog:
 
     def committed(self) -> None:
         """The transaction of the last append committed: its tree may be reused."""
-        if self._uncommitted is not None:
-            self.appended_size = self._uncommitted.size
         self._cache, self._uncommitted = self._uncommitted, None
         self._cache_version = self.backend.data_version()
 
@@ -134,33 +129,15 @@ class TransparencyLog:
         self.backend.put_checkpoint(size, note.format(), replace=False)
         return note
 
-    def sign_own(self) -> Note | None:
-        """Sign the tree up to this handle's last committed append (inside the caller's
-        transaction), unless a stored checkpoint covers it already; None if nothing was
-        signed. The entries other connections appended after it are not this handle's
-        to vouch for: a crashed writer's unsigned tail, or rows an intruder inserted,
-        stay uncovered for verification to find until a writer's own checkpoint covers
-        them. (A checkpoint covers a prefix: those before this handle's entries are
-        covered with them.)"""
-        size = self.appended_size
-        latest = self.backend.checkpoint()
-        if size == 0 or (latest is not None and latest[0] >= size):
-            return None
-        if size > self.backend.log_size():
-            return None  # the log was cut below it: nothing of this handle's is left to sign
-        return self.checkpoint(size=size)
-
-    def checkpoint(self, *extra_signers: Signer, size: int | None = None) -> Note:
-        """Sign the tree head of ``size`` entries, the whole log's by default (inside the
-        caller's transaction), and store it.
+    def checkpoint(self, *extra_signers: Signer) -> Note:
+        """Sign the current tree head (inside the caller's transaction) and store it.
 
         A log must never sign two different roots for one size: an existing
         checkpoint of this size must carry the same root.
         """
         if self.signer is None:
             raise LogError("this store has no signing key; run `deleatur keys new`")
-        if size is None:
-            size = self.backend.log_size()
+        size = self.backend.log_size()
         body = Checkpoint(self.origin, size, self.root(size)).body()
         existing = self.backend.checkpoint(size)
         if existing is not None and not existing[1].startswith(body + "\n"):
