@@ -51,7 +51,7 @@ from deleatur.servers.pool import HandlePool
 from deleatur.store.evidence import StoreEvidence
 from deleatur.store.sqlite import SQLiteBackend
 
-from .conftest import MASTER, store_files
+from .conftest import MASTER, Cli, store_files
 from .serving import (
     api_key,
     assert_refused_unechoed,
@@ -1745,3 +1745,47 @@ def test_an_export_cut_short_is_reported_not_taken_for_whole(
         monkeypatch.setattr(Memory, "_decrypt", failing)
         with Client(url, api_key=admin_key) as remote, pytest.raises(DeleaturError, match="cut short"):
             remote.export_json(io.StringIO(), user_id="u1")
+
+
+def test_a_raw_key_is_named_after_the_documents_log_as_the_cli_names_it(tmp_path: Path, cli: Cli) -> None:
+    """A certificate and a receipt of one store, verified by another store's server under
+    the first store's raw (hex) public key: the key is named after the log the document
+    comes from, as `deleatur verify` and `verify-receipt` name it, and both pass (the
+    server named it after its own store, and both failed)."""
+    issuing = new_store(tmp_path / "issuing.db")
+    with issuing() as memory:
+        record = memory.remember("Alice's phone", subject="Alice Martin")
+        receipt = memory.receipt(record.id).to_json()
+        memory.erase("Alice Martin", request_id="RAW-KEY", basis="Art. 17", requester="Alice")
+        certificate = json.dumps(memory.certificate("RAW-KEY"))
+        raw = memory.public_key().public_key.hex()
+    (tmp_path / "c.json").write_text(certificate)
+    (tmp_path / "r.json").write_text(json.dumps(receipt))
+    assert cli("verify", str(tmp_path / "c.json"), "--expected-pubkey", raw)[0] == 0
+    assert cli("verify-receipt", str(tmp_path / "r.json"), "--key", raw)[0] == 0
+    other = new_store(tmp_path / "other.db")
+    with serving(create_app(other)) as url, Client(url, api_key=api_key(other, Role.AUDITOR)) as client:
+        assert client.verify_certificate(certificate, expected_pubkey=raw).ok
+        assert client.verify_receipt(json.dumps(receipt), key=raw).ok
+
+
+@pytest.mark.parametrize("writers", [("b", "b", "a", "a"), ("a", "a")])
+def test_two_workers_verify_a_healthy_log(tmp_path: Path, writers: tuple[str, ...]) -> None:
+    """`serve http --workers 2`: two processes, a handle each (two servers here, made as
+    the command makes them). A verification through one of them finds every entry of the
+    other covered, the verifying one having entries of its own to sign or none: each
+    signs every write (one of them left entries unsigned for its next checkpoint, which
+    failed the other's coverage check)."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.ADMIN)}"}
+    with (
+        serving(create_app(opener, sign_every_write=True)) as a,
+        serving(create_app(opener, sign_every_write=True)) as b,
+    ):
+        urls = {"a": a, "b": b}
+        for i, writer in enumerate(writers):
+            written = httpx.post(f"{urls[writer]}/v1/memories", json={"text": f"w{i}", "subject": "S"}, headers=headers)
+            assert written.status_code == 201
+        for route in ("/v1/log/verify", "/v1/audit/verify"):
+            report = httpx.get(f"{b}{route}", headers=headers, timeout=60).json()
+            assert report["verdict"] == "PASS", report

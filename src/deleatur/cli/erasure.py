@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeGuard
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -16,9 +16,9 @@ from ..clock import system_clock
 from ..erasure.engine import DRY_RUN_FIRST, ErasureResult
 from ..erasure.plan import RESIDUE_HINT, ErasurePlan
 from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
-from ..erasure.verify import verify_certificate
+from ..erasure.verify import pinned_key_for, verify_certificate
 from ..errors import InvalidInputError
-from ..log.note import Note, NoteError, check_key_name
+from ..log.note import Note, NoteError
 from ..model import SpaceFilter, loads_readable
 from ..store.evidence import StoreEvidence
 from ..store.protocol import WAL_NOT_TRUNCATED
@@ -30,7 +30,6 @@ from .common import (
     err,
     open_memory,
     out,
-    pin_key,
     print_report,
     read_input,
     visible,
@@ -269,12 +268,10 @@ def verify(
             raise InvalidInputError(f"--expected-checkpoint: {exc.message}") from None
     key = None
     if expected_pubkey is not None:
-        # A raw hex key is named after the log it signs, which the certificate names.
-        # A damaged certificate must reach verify_certificate, which names the check it fails.
-        body = parsed.get("certificate") if isinstance(parsed, dict) else None
-        store_id = body.get("store") if isinstance(body, dict) else None
-        origin = store_id.get("origin") if isinstance(store_id, dict) else None
-        key = pin_key(expected_pubkey, origin if _is_key_name(origin) else "deleatur")
+        try:
+            key = pinned_key_for(parsed, expected_pubkey)
+        except NoteError as exc:
+            raise InvalidInputError(f"--expected-pubkey: {exc.message}") from None
     evidence = None if store is None else StoreEvidence(store)
     try:
         report = verify_certificate(text, expected_key=key, expected_checkpoint=pinned, store=evidence)
@@ -282,16 +279,6 @@ def verify(
         if evidence is not None:
             evidence.close()
     print_report(report, as_json)
-
-
-def _is_key_name(value: Any) -> TypeGuard[str]:
-    if not isinstance(value, str):
-        return False
-    try:
-        check_key_name(value)
-    except NoteError:
-        return False
-    return True
 
 
 @app.command()

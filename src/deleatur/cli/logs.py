@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidInputError
-from ..log.checkpoint import Checkpoint
 from ..log.cosignature import CosignatureVerifier
 from ..log.note import Note, NoteError
 from ..log.receipt import Receipt, verify_receipt
@@ -235,7 +234,7 @@ def verify_receipt_command(
     """Check a write receipt; with --key no store is needed (but for one signed by an earlier key)."""
     try:
         parsed = Receipt.loads(read_input(receipt_file))
-        origin = Checkpoint.parse(parsed.proof.checkpoint.text).origin
+        origin = parsed.origin
     except NoteError as exc:
         raise InvalidInputError(f"{receipt_file}: {exc.message}") from None
     if key is not None:

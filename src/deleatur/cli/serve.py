@@ -89,7 +89,9 @@ def serve_http(
     """The HTTP API (OpenAPI at /openapi.json); every call needs 'Authorization: Bearer <API key>'."""
     from ..servers.http import create_app
 
-    app = functools.partial(create_app, _opener(), max_body_bytes=max_body_bytes, handles=handles)
+    app = functools.partial(
+        create_app, _opener(), max_body_bytes=max_body_bytes, handles=handles, sign_every_write=workers > 1
+    )
     _serve("HTTP API", host, port, " (OpenAPI at /openapi.json)", app, workers=workers)
 
 

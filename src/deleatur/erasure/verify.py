@@ -39,7 +39,7 @@ from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
 from ..log.keychain import KeyChain, key_entry_proofs, proven_key_chain, unproven_hint
 from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
-from ..log.note import Note, NoteError, Verifier, describe, signers_of
+from ..log.note import Note, NoteError, Verifier, check_key_name, describe, parse_verifier, signers_of
 from ..log.report import Report
 from ..model import check_tenant, loads_document
 from ..store.evidence import StoreEvidence
@@ -105,6 +105,22 @@ def _tombstone_list(body: dict[str, Any]) -> list[_Tombstone]:
         proof = [_b64(p, f"{where}.proof[{j}]") for j, p in enumerate(_field(item, "proof", list, where))]
         out.append(_Tombstone(index, entry, proof))
     return out
+
+
+def pinned_key_for(certificate: Any, pubkey: str) -> Verifier:
+    """The pinned key ``pubkey`` (a verifier key, or 64 hex digits of a raw Ed25519 key)
+    for verifying ``certificate`` (its parsed JSON): a raw key is named after the log the
+    certificate says it comes from, or "deleatur" if it names none that is a key name. A
+    damaged certificate must still reach :func:`verify_certificate`, which names the
+    check it fails. Raises NoteError for a key that is neither form."""
+    body = certificate.get("certificate") if isinstance(certificate, dict) else None
+    store = body.get("store") if isinstance(body, dict) else None
+    origin = store.get("origin") if isinstance(store, dict) else None
+    try:
+        name = check_key_name(origin) if isinstance(origin, str) else "deleatur"
+    except NoteError:
+        name = "deleatur"
+    return parse_verifier(pubkey, name)
 
 
 def verify_certificate(

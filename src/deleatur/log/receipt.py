@@ -36,6 +36,11 @@ class Receipt:
     entry: bytes
     proof: TlogProof
 
+    @property
+    def origin(self) -> str:
+        """The log the receipt's checkpoint is of: the name a raw pinned key is given."""
+        return Checkpoint.parse(self.proof.checkpoint.text).origin
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

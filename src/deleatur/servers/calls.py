@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..erasure.verify import verify_certificate
+from ..erasure.verify import pinned_key_for, verify_certificate
 from ..errors import InvalidInputError
 from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
@@ -48,18 +48,18 @@ def check_receipt(memory: Memory, receipt: str | dict[str, Any], key: str | None
     what the parser left can be checked."""
     parsed = Receipt.loads(receipt) if isinstance(receipt, str) else Receipt.from_json(receipt)
     if key is not None:
-        return verify_receipt(parsed, [parse_verifier(key, memory.log.origin)], pinned=True)
+        # A raw key is named after the log the receipt is of, as `deleatur verify-receipt` names it.
+        return verify_receipt(parsed, [parse_verifier(key, parsed.origin)], pinned=True)
     return verify_receipt(parsed, memory.announced_keys(), pinned=False)
 
 
-def check_certificate(memory: Memory, certificate: str | dict[str, Any], expected_pubkey: str | None) -> Report:
+def check_certificate(certificate: str | dict[str, Any], expected_pubkey: str | None) -> Report:
     """An erasure certificate verified offline, under a pinned key if one is given. Given
     as its JSON text, it gets the verdict ``deleatur verify`` gives that text in a file:
     text that is not JSON is refused as bad input, and a repeated key or an unsigned
     member fails check 1 (see :func:`deleatur.erasure.verify.verify_certificate`)."""
-    if isinstance(certificate, str):
-        loads_readable(certificate, "the certificate")
-    key = None if expected_pubkey is None else parse_verifier(expected_pubkey, memory.log.origin)
+    parsed = loads_readable(certificate, "the certificate") if isinstance(certificate, str) else certificate
+    key = None if expected_pubkey is None else pinned_key_for(parsed, expected_pubkey)
     return verify_certificate(certificate, expected_key=key)
 
 

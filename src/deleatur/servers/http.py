@@ -619,14 +619,27 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     handles: int = DEFAULT_HANDLES,
     max_page_bytes: int = MAX_PAGE_BYTES,
+    sign_every_write: bool = False,
 ) -> FastAPI:
     """The API over the store ``open_memory`` opens, at most ``handles`` times: no more
     library calls run at once than there are handles (the others wait in the event
     loop, not in threads). Each runs in a worker thread on a leased handle, except
     that with one handle (the default) the memory routes run in the event loop itself
     (see ``serve``). A page of ``GET /v1/memories`` or ``/v1/history`` holds at most
-    ``max_page_bytes`` (``calls.list_page``)."""
-    pool = HandlePool(open_memory, limit=handles)
+    ``max_page_bytes`` (``calls.list_page``).
+
+    ``sign_every_write``, for a store other server processes serve too (``--workers
+    N``): each handle signs every write in its own transaction. A verification signs
+    what its own handles appended, and entries a live process left for its next
+    checkpoint would fail its coverage check, as a crashed writer's tail rightly does."""
+
+    def opened() -> Memory:
+        memory = open_memory()
+        if sign_every_write:
+            memory.checkpoint_interval_us = 0
+        return memory
+
+    pool = HandlePool(opened, limit=handles)
     exports = Exports(MAX_EXPORTS)
     workers = anyio.CapacityLimiter(handles)
 
@@ -1148,7 +1161,7 @@ def create_app(
         """Verify a certificate offline (pin the key you got out of band with expected_pubkey):
         the report of `deleatur verify`, whose check 1 reads the certificate's text strictly."""
 
-        return await serve(lambda m: check_certificate(m, body.certificate, body.expected_pubkey).to_json())
+        return await serve(lambda _: check_certificate(body.certificate, body.expected_pubkey).to_json())
 
     @app.post(
         "/v1/purge",

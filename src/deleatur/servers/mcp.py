@@ -540,7 +540,7 @@ def build_server(
     ) -> CallToolResult:
         """Verify an erasure certificate offline; pin expected_pubkey (from export_public_key) for trust."""
 
-        return call(ctx, lambda m: _report(check_certificate(m, certificate, expected_pubkey)))
+        return call(ctx, lambda _: _report(check_certificate(certificate, expected_pubkey)))
 
     @tool(READ_ONLY)
     def export_memory(ctx: Ctx, user_id: str | None = None, subject: str | None = None) -> CallToolResult:
