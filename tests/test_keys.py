@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,45 @@ def test_init_writes_a_0600_key_file_outside_the_database(tmp_path: Path) -> Non
             assert key not in path.read_bytes(), path
     with Memory.open(store, from_file(key_file)) as again:
         assert [r.text for r in again.list()] == ["hello"]
+
+
+def _fsync_refusing_directories(fd: int, fsync: Callable[[int], None] = os.fsync) -> None:
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+    fsync(fd)
+
+
+def _open_refusing_directories(path: Any, flags: int, *args: Any, open: Any = os.open, **kwargs: Any) -> int:
+    if kwargs.get("dir_fd") is None and os.path.isdir(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return int(open(path, flags, *args, **kwargs))
+
+
+@pytest.mark.parametrize("system", ["fsync of a directory refused", "no directory opened, as on Windows"])
+def test_init_goes_on_where_the_directory_cannot_be_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, system: str
+) -> None:
+    """A secret's directory was synced once the secret was placed, outside any cleanup:
+    where the system refused it (EINVAL from a file system; EACCES opening a directory
+    on Windows), init failed with a bare OSError naming no file, left the master key
+    file its cleanup never learned of, and a second init refused, finding it there. The
+    sync is for the new name's durability alone, where the system allows it: the file,
+    synced already, stays placed and init goes on."""
+    if system.startswith("fsync"):
+        monkeypatch.setattr(os, "fsync", _fsync_refusing_directories)
+    else:
+        monkeypatch.delattr(os, "O_DIRECTORY")
+        monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+        monkeypatch.setattr(os, "open", _open_refusing_directories)
+    store = tmp_path / "m.db"
+    memory, info = Memory.init(store)
+    memory.remember("hello", subject="a")
+    memory.close()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db", "m.db.keys", "m.db.master-key", "m.db.signing-key"]
+    with Memory.open(store, from_file(info.master_key)) as again:
+        assert [r.text for r in again.list()] == ["hello"]
+        assert again.verify_log().ok
 
 
 def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_path: Path) -> None:

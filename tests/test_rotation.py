@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from deleatur import Memory, NewMemory, from_file
-from deleatur.crypto.signing import read_signer
+from deleatur.crypto.signing import pending_path, read_signer
 from deleatur.erasure.certificate import signed_message
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.checkpoint import Checkpoint
@@ -316,3 +316,66 @@ def test_of_two_rotations_at_once_one_wins_and_the_other_changes_nothing(
     assert (code, err) == (0, "")
     winner = out.removeprefix("new verifier key: ").strip()
     assert _announced_and_placed(store) == ([vkey, winner], winner)
+
+
+# A rotation that writes its pending key and announces it, then fails before it commits
+# (a full disk), as the rotation's own cleanup sees it.
+_ROTATE_FAILING = f"""
+from deleatur.log.tlog import TransparencyLog
+announce = TransparencyLog.announce_key
+def announce_then_fail(*args, **kwargs):
+    announce(*args, **kwargs)
+    raise OSError(28, "No space left on device")
+TransparencyLog.announce_key = announce_then_fail
+{_ROTATE}
+"""
+
+
+def test_finishing_a_killed_rotation_moves_the_key_it_announced_not_a_later_rotations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handle finishing a rotation killed after it committed read the pending key
+    file, found its key announced, then moved whatever file was at that path by then,
+    taking no lock: a rotation begun meanwhile had written its own key there, not yet
+    announced, which was moved over the announced key; that rotation failed, and the
+    store's key was lost (the store refused to open: "is not this store's current
+    key"). A rotation holds the lock from before it writes the pending file, so the
+    handle now finds it held, signs with the key it read, and leaves the file alone."""
+    import deleatur.memory
+
+    store = tmp_path / "m.db"
+    Memory.init(store)[0].close()
+    ((first,), _) = _announced_and_placed(store)
+    server = Memory.open(store, from_file(store.with_name(store.name + ".master-key")))
+    killed = start_paused("os:replace", _ROTATE, "--store", str(store), "keys", "rotate")
+    killed.kill()  # committed, before its key file was moved into place
+    killed.communicate()
+    pending = pending_path(server.signing_key_path)
+    announced = read_signer(pending)
+    assert announced is not None
+    failing: list[subprocess.Popen[str]] = []
+
+    def read_then_let_a_rotation_begin(path: Path) -> Signer | None:
+        signer = read_signer(path)
+        if path == pending and not failing:  # the server read the announced key
+            paused = start_paused(
+                "deleatur.log.tlog:TransparencyLog.announce_key",
+                _ROTATE_FAILING,
+                "--store",
+                str(store),
+                "keys",
+                "rotate",
+            )
+            failing.append(paused)  # it wrote its key to the pending file, not yet announced
+        return signer
+
+    monkeypatch.setattr(deleatur.memory, "read_signer", read_then_let_a_rotation_begin)
+    try:
+        assert server.public_key().vkey == announced.verifier.vkey
+    finally:
+        monkeypatch.undo()
+        outcome = resume(failing[0])
+    assert outcome == (1, "", "error: internal error (OSError); set DELEATUR_DEBUG=1 for details\n")
+    server.remember("signed with the announced key", subject="Alice")
+    server.close()
+    assert _announced_and_placed(store) == ([first, announced.verifier.vkey], announced.verifier.vkey)

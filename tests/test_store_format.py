@@ -36,6 +36,8 @@ from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import EventType
 from deleatur.log.tlog import TransparencyLog
+from deleatur.newfiles import Made
+from deleatur.sqlitefile import sidecar_files
 from deleatur.store import schema
 from deleatur.store.evidence import StoreEvidence
 
@@ -422,6 +424,32 @@ def test_a_failed_init_leaves_alone_the_files_beside_those_it_made(tmp_path: Pat
     with pytest.raises(RuntimeError, match="injected failure"):
         Memory.init(tmp_path / "m.db", key_file=key_file, random=_random_failing_after(1, put_another_key_file))
     assert {p: p.read_text() for p in tmp_path.iterdir()} == {**others, key_file: "another's key\n"}
+
+
+def test_a_failed_run_removes_the_rest_of_a_databases_files_when_one_cannot_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database's files were removed in one loop under one suppress(OSError): the
+    first that could not be removed kept those after it from going."""
+    database = tmp_path / "m.db"
+    for part in sidecar_files(database):
+        part.write_text("made by the run")
+    unlink = Path.unlink
+
+    def unlink_refusing_the_wal(path: Path, missing_ok: bool = False) -> None:
+        if path.name.endswith("-wal"):
+            raise PermissionError(f"cannot remove {path}")
+        unlink(path, missing_ok=missing_ok)
+
+    def run() -> None:
+        with Made() as made:
+            made.add(database, database.stat(), database=True)
+            raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(Path, "unlink", unlink_refusing_the_wal)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        run()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.db-wal"]
 
 
 def test_init_refuses_the_files_a_removed_store_left_to_a_process_that_has_it_open(tmp_path: Path) -> None:

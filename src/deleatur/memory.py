@@ -218,6 +218,10 @@ def _dumps(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+class _RotationLockHeld(LogError):
+    """The rotation's lock was not to be had, where it would only finish a rotation."""
+
+
 class Memory:
     """An open store. Use :meth:`open` or :meth:`init`; close it (or use ``with``)."""
 
@@ -573,17 +577,11 @@ class Memory:
 
     # -- the signing key and the log ---------------------------------------------
 
-    def _load_signer(self) -> Signer | None:
-        """The current signing key, finishing a rotation that committed but did not
-        get to move its key file into place. A pending key not yet announced is left
-        alone: its rotation may be waiting for the lock (one that crashed leaves a file
-        the next rotation overwrites)."""
-        pending = pending_path(self.signing_key_path)
-        waiting = read_signer(pending)
-        if waiting is not None and waiting.key_id.hex() in {key_id for key_id, *_ in self.backend.signing_keys()}:
-            with contextlib.suppress(FileNotFoundError):  # the rotating process moved it meanwhile
-                os.replace(pending, self.signing_key_path)
-        signer = read_signer(self.signing_key_path)
+    def _load_signer(self, *, rotating: bool = False) -> Signer | None:
+        """The current signing key, taking up the key of a rotation that committed but
+        did not get to move its key file into place (:meth:`_finish_rotation`).
+        ``rotating``: the caller holds the rotation's lock."""
+        signer = self._finish_rotation(locked=rotating) or read_signer(self.signing_key_path)
         if signer is not None:
             keys = self.backend.signing_keys()
             if keys and keys[-1][0] != signer.key_id.hex():
@@ -591,6 +589,39 @@ class Memory:
                     f"signing key {self.signing_key_path} is not this store's current key ({keys[-1][0]})"
                 )
         return signer
+
+    def _finish_rotation(self, *, locked: bool) -> Signer | None:
+        """The pending key (:func:`pending_path`) if the log announced it, moved into
+        place when the rotation's lock can be had; None if there is no such key.
+
+        A pending key not yet announced is left alone: its rotation may be waiting for
+        the lock (one that was killed leaves a file the next rotation removes before it
+        writes its own). The file is moved only under the lock, read again there: a
+        rotation writes the pending file only while it holds the lock, so the file moved
+        is the key found announced. Moved without the lock, a rotation that began
+        meanwhile had its own key, written and not yet announced, moved over the
+        announced one, and when it failed the store's key was lost. While another
+        holds the lock (a rotation, which finishes this one as it begins, or a handle
+        moving this same key), or where it cannot be had, the key is used as read and
+        the file left where it is."""
+        pending = pending_path(self.signing_key_path)
+        waiting = read_signer(pending)
+        if waiting is None or waiting.key_id.hex() not in {key_id for key_id, *_ in self.backend.signing_keys()}:
+            return None
+        if not locked:
+            try:
+                with self._rotation_lock(_RotationLockHeld):
+                    return self._finish_rotation(locked=True)
+            except _RotationLockHeld:
+                return waiting
+        with contextlib.suppress(FileNotFoundError):  # moved meanwhile by a release that takes no lock
+            os.replace(pending, self.signing_key_path)
+        return waiting
+
+    def _rotation_lock(self, error: type[DeleaturError]) -> AbstractContextManager[None]:
+        lock = self.signing_key_path.with_name(self.signing_key_path.name + ".rotate-lock")
+        busy = f"another rotation of the signing key {self.signing_key_path} is running"
+        return exclusive_lock(lock, busy, error)
 
     @contextmanager
     def _logged(
@@ -692,12 +723,10 @@ class Memory:
             raise self._no_signer()
         new = Signer.generate(self.log.origin)
         pending = pending_path(self.signing_key_path)
-        lock = self.signing_key_path.with_name(self.signing_key_path.name + ".rotate-lock")
-        busy = f"another rotation of the signing key {self.signing_key_path} is running"
-        with exclusive_lock(lock, busy, LogError):
+        with self._rotation_lock(LogError):
             # Read again under the lock: a rotation that committed since this call began
             # replaced the key this one would endorse its successor with.
-            current = self._load_signer()
+            current = self._load_signer(rotating=True)
             if current is None or current.key_id != old.key_id:
                 raise self._rotated_meanwhile()
             # A pending key left now is a killed rotation's, never announced: one that
@@ -715,7 +744,7 @@ class Memory:
                 self.log.signer = old
                 pending.unlink(missing_ok=True)
                 raise
-            with contextlib.suppress(FileNotFoundError):  # moved already by a handle that signed meanwhile
+            with contextlib.suppress(FileNotFoundError):  # moved already by a release that takes no lock
                 os.replace(pending, self.signing_key_path)
         placed = read_signer(self.signing_key_path)
         if placed is None or placed.key_id != new.key_id:

@@ -93,9 +93,10 @@ class Made:
             if held is not None:
                 os.close(held)  # before the removal: Windows refuses to remove a file open
             if ours:
-                # What cannot be removed stays: the run's own error says more than this one.
-                with contextlib.suppress(OSError):
-                    for part in sidecar_files(path) if database else [path]:
+                for part in sidecar_files(path) if database else [path]:
+                    # What cannot be removed stays, and the rest go all the same: the
+                    # run's own error says more than this one.
+                    with contextlib.suppress(OSError):
                         part.unlink(missing_ok=True)
 
 

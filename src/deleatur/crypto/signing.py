@@ -22,9 +22,12 @@ from ..log.note import NoteError, Signer
 # What open(O_TMPFILE) fails with where the file system (or an old kernel) has no
 # unnamed files: the named temporary file is the way left.
 _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
-# A named temporary file older than this process is no writer's still running here,
-# short of one that stalled since before this process began between writing it and
-# placing it: it is what a killed writer left.
+# When this module was imported, not when the process began. A named temporary file
+# last written before then is no write of this process's (each writes its file after
+# the import): it is what a killed writer left, or, rarely, the file of a writer in
+# another process that has stalled since then between writing and placing it, whose
+# write then fails (naming its path) rather than place the secret. One left after this
+# import is removed by a process that imports this module later, not by this one.
 _STARTED_NS = time.time_ns()
 
 
@@ -49,7 +52,8 @@ def write_text_secret(path: Path, text: str) -> os.stat_result:
 
     On Linux the secret is written to an unnamed file in ``path``'s directory
     (``O_TMPFILE``), mode 0600 from creation, synced, then given its name by a link
-    from ``/proc/self/fd``, and the directory synced: a process killed at any point
+    from ``/proc/self/fd``, and the directory synced where the system allows
+    (:func:`_sync_directory`): a process killed at any point
     leaves either no file or the placed one, never a copy of the secret under another
     name that nothing would remove. The link fails (FileExistsError) if any file is
     at ``path``, so of writers racing for one path
@@ -61,8 +65,9 @@ def write_text_secret(path: Path, text: str) -> os.stat_result:
     ``/proc``), it is written to ``<name>.<random>.tmp`` beside ``path`` (two writers
     never share one), linked into place, and removed. A writer killed
     before the removal leaves that file: each write of a secret first removes those
-    of its name older than the writing process, so a killed writer's copy lasts only
-    until the next write of the same secret.
+    of its name last written before this module was imported (:data:`_STARTED_NS`),
+    so a killed writer's copy lasts until the same secret is written by a process
+    that imported it after the kill.
     """
     data = (text + "\n").encode("ascii")
     try:
@@ -70,12 +75,27 @@ def write_text_secret(path: Path, text: str) -> os.stat_result:
         placed = _place_unnamed(path, data) or _place_named(path, data)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _sync_directory(path.parent)
     return placed
+
+
+def _sync_directory(directory: Path) -> None:
+    """Sync ``directory`` so that a name just placed in it survives a crash of the
+    machine, where the system allows it; where it does not, the write still succeeds.
+    The file's data is synced already: what is at stake is its name alone, and failing
+    the write with the file placed would leave a secret its caller does not know it
+    made (init never removed it, and a second init refused, finding it there). Windows
+    opens no directory (EACCES) and has no ``O_DIRECTORY``, and some file systems
+    refuse to sync one (EINVAL)."""
+    flag = getattr(os, "O_DIRECTORY", None)
+    if flag is None:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | flag)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _place_unnamed(path: Path, data: bytes) -> os.stat_result | None:
