@@ -1597,70 +1597,43 @@ def test_calls_during_an_export_are_not_frozen(big_store: Callable[[], Memory]) 
         assert json.loads(b"".join(received))["counts"]["records"] == 10_000
 
 
+@pytest.mark.parametrize("servers", [1, 2])
 def test_an_erasure_during_an_export_waits_not_for_it_and_is_gone_once_it_ends(
-    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch
+    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch, servers: int
 ) -> None:
     """An erasure's scrub waited for the read of an export its client was slow to take,
     holding the shared handle (and with one handle every request queued behind it) until
     the export ended. It answers at once now, its request saying the -wal was not
     truncated, and the export truncates it as it ends: no byte of the erased record is
-    left anywhere once the client has the whole export."""
+    left anywhere once the client has the whole export. With two servers on one store
+    (as the workers of `serve http --workers 2` are), the export, marked beside the
+    store, is seen by the server that erases too (it waited up to the busy timeout)."""
     from deleatur import sqlitefile
 
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a scrub that waits outlasts the test
     with big_store() as memory:
         store = memory.backend.files()[0]
     headers = {"Authorization": f"Bearer {api_key(big_store, Role.ADMIN)}"}
-    with (
-        serving(create_app(big_store)) as url,
-        httpx.Client(base_url=url, headers=headers, timeout=60) as http,
-        http.stream("GET", "/v1/export", params={"user_id": "u1"}) as export,
-    ):
-        record = http.post("/v1/memories", json={"text": "qzexportsecret", "subject": "Zed", "user_id": "u3"}).json()
-        ciphertext = _ciphertext(store, record["id"])
+    subject, request_id = f"Zed {servers}", f"EXPORTING-{servers}"
+    with contextlib.ExitStack() as stack:
+        exporting = stack.enter_context(serving(create_app(big_store)))
+        first = stack.enter_context(httpx.Client(base_url=exporting, headers=headers, timeout=60))
+        second = first
+        if servers == 2:
+            erasing = stack.enter_context(serving(create_app(big_store)))
+            second = stack.enter_context(httpx.Client(base_url=erasing, headers=headers, timeout=60))
+        export = stack.enter_context(first.stream("GET", "/v1/export", params={"user_id": "u1"}))
+        written = second.post("/v1/memories", json={"text": "qzexportsecret", "subject": subject, "user_id": "u3"})
+        ciphertext = _ciphertext(store, written.json()["id"])
         assert export.status_code == 200  # begun, its records read as the client takes them
         try:
-            _erased_during_a_long_read(http, "Zed", "EXPORTING")
+            _erased_during_a_long_read(second, subject, request_id)
             assert _holding(store, ciphertext)  # the export's read still holds its -wal
         finally:
             whole = json.loads(export.read())
         assert whole["counts"]["records"] == 10_000
         assert _holding(store, ciphertext) == []
-        assert "wal_not_truncated" not in http.get("/v1/erasures/EXPORTING").json()["counts"]
-
-
-def test_an_erasure_in_another_server_process_waits_not_for_an_export(
-    big_store: Callable[[], Memory], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two servers on one store (as the workers of `serve http --workers 2` are): one
-    streams an export to a slow client, the other erases. The erasure waited for the
-    export's read, up to the busy timeout, holding its own handle; the export, marked
-    beside the store, is seen by the other server now: the erasure answers at once, saying
-    the -wal was not truncated, and the export truncates it as it ends."""
-    from deleatur import sqlitefile
-
-    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a scrub that waits outlasts the test
-    with big_store() as memory:
-        store = memory.backend.files()[0]
-    headers = {"Authorization": f"Bearer {api_key(big_store, Role.ADMIN)}"}
-    with (
-        serving(create_app(big_store)) as exporting,
-        serving(create_app(big_store)) as erasing,
-        httpx.Client(base_url=exporting, headers=headers, timeout=60) as first,
-        httpx.Client(base_url=erasing, headers=headers, timeout=60) as second,
-        first.stream("GET", "/v1/export", params={"user_id": "u1"}) as export,
-    ):
-        record = second.post("/v1/memories", json={"text": "qzotherworker", "subject": "Yan", "user_id": "u4"}).json()
-        ciphertext = _ciphertext(store, record["id"])
-        assert export.status_code == 200  # begun, its records read as the client takes them
-        try:
-            _erased_during_a_long_read(second, "Yan", "OTHER-WORKER")
-            assert _holding(store, ciphertext)  # the export's read still holds its -wal
-        finally:
-            whole = json.loads(export.read())
-        assert whole["counts"]["records"] == 10_000
-        assert _holding(store, ciphertext) == []
-        assert "wal_not_truncated" not in second.get("/v1/erasures/OTHER-WORKER").json()["counts"]
+        assert "wal_not_truncated" not in second.get(f"/v1/erasures/{request_id}").json()["counts"]
 
 
 def test_an_export_failing_after_an_erasure_still_truncates_the_wal(
