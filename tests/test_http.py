@@ -1762,3 +1762,33 @@ def test_two_workers_verify_a_healthy_log(tmp_path: Path, writers: tuple[str, ..
         for route in ("/v1/log/verify", "/v1/audit/verify"):
             report = httpx.get(f"{b}{route}", headers=headers, timeout=60).json()
             assert report["verdict"] == "PASS", report
+
+
+def test_a_document_with_bytes_that_are_not_utf8_is_refused_as_the_cli_refuses_its_file(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """An encoded surrogate (ED A0 80) in a certificate or receipt sent as an object: the
+    body's bytes are decoded as json.loads decodes them, which let it through, and the
+    verifier failed a check; `deleatur verify` refuses a file with those bytes as not
+    UTF-8 text (exit 2). Both now refuse it alike (422)."""
+    opener = new_store(tmp_path / "mem.db")
+    with opener() as memory:
+        record = memory.remember("Ann's phone", subject="Ann")
+        receipt = json.dumps(memory.receipt(record.id).to_json()).encode()
+        memory.erase("Ann", request_id="NOT-UTF8", basis="Art. 17", requester="Ann")
+        certificate = json.dumps(memory.certificate("NOT-UTF8")).encode()
+    bad_certificate = certificate.replace(b'"NOT-UTF8"', b'"NOT-UTF8\xed\xa0\x80"', 1)
+    bad_receipt = receipt.replace(b'"format": "', b'"format": "\xed\xa0\x80', 1)
+    assert bad_certificate != certificate and bad_receipt != receipt
+    (tmp_path / "c.json").write_bytes(bad_certificate)
+    code, _, err = cli("verify", str(tmp_path / "c.json"))
+    assert code == 2 and "not UTF-8 text" in err
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}", "Content-Type": "application/json"}
+    with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        for route, member, document in (
+            ("/v1/certificates/verify", b"certificate", bad_certificate),
+            ("/v1/receipts/verify", b"receipt", bad_receipt),
+        ):
+            reply = http.post(route, content=b'{"' + member + b'": ' + document + b"}")
+            assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_input"), reply.text
+            assert reply.json()["error"]["message"] == f"the {member.decode()} is not UTF-8 text"

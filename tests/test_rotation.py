@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deleatur import Memory, NewMemory, from_file
+from deleatur import Memory, NewMemory, SigningKeyMissingError, from_file
 from deleatur.crypto.signing import pending_path, read_signer
 from deleatur.erasure.certificate import signed_message
 from deleatur.erasure.verify import verify_certificate
@@ -379,3 +379,12 @@ def test_finishing_a_killed_rotation_moves_the_key_it_announced_not_a_later_rota
     server.remember("signed with the announced key", subject="Alice")
     server.close()
     assert _announced_and_placed(store) == ([first, announced.verifier.vkey], announced.verifier.vkey)
+
+
+def test_a_rotation_whose_key_file_was_removed_says_so(memory: Memory) -> None:
+    """The key file removed under a live handle: the rotation is refused as any call
+    that must sign is, naming the missing file (it named the handle's own key as
+    "another rotation's")."""
+    memory.signing_key_path.unlink()
+    with pytest.raises(SigningKeyMissingError, match="is missing"):
+        memory.rotate_signing_key()

@@ -727,7 +727,9 @@ class Memory:
             # Read again under the lock: a rotation that committed since this call began
             # replaced the key this one would endorse its successor with.
             current = self._load_signer(rotating=True)
-            if current is None or current.key_id != old.key_id:
+            if current is None:
+                raise self._no_signer()  # its file removed since this handle read it
+            if current.key_id != old.key_id:
                 raise self._rotated_meanwhile()
             # A pending key left now is a killed rotation's, never announced: one that
             # was, _load_signer has just moved into place.

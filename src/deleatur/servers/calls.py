@@ -15,7 +15,7 @@ from ..log.note import parse_verifier
 from ..log.receipt import Receipt, verify_receipt
 from ..log.report import Report
 from ..memory import Memory
-from ..model import Record, Space, check_int, check_name, loads_readable
+from ..model import Record, Space, check_int, check_name, loads_readable, utf8_text
 from .errors import ServerBusyError
 
 #: The most records one page of a listing holds, over HTTP and MCP alike.
@@ -46,7 +46,7 @@ def check_receipt(memory: Memory, receipt: str | dict[str, Any], key: str | None
     ``deleatur verify-receipt`` reads a file (``Receipt.loads``): one that repeats a key
     or has a member besides its four is refused; given as the value parsed from it, only
     what the parser left can be checked."""
-    parsed = Receipt.loads(receipt) if isinstance(receipt, str) else Receipt.from_json(receipt)
+    parsed = Receipt.loads(_as_file(receipt, "the receipt")) if isinstance(receipt, str) else Receipt.from_json(receipt)
     if key is not None:
         # A raw key is named after the log the receipt is of, as `deleatur verify-receipt` names it.
         return verify_receipt(parsed, [parse_verifier(key, parsed.origin)], pinned=True)
@@ -58,9 +58,18 @@ def check_certificate(certificate: str | dict[str, Any], expected_pubkey: str | 
     as its JSON text, it gets the verdict ``deleatur verify`` gives that text in a file:
     text that is not JSON is refused as bad input, and a repeated key or an unsigned
     member fails check 1 (see :func:`deleatur.erasure.verify.verify_certificate`)."""
+    if isinstance(certificate, str):
+        certificate = _as_file(certificate, "the certificate")
     parsed = loads_readable(certificate, "the certificate") if isinstance(certificate, str) else certificate
     key = None if expected_pubkey is None else pinned_key_for(parsed, expected_pubkey)
     return verify_certificate(certificate, expected_key=key)
+
+
+def _as_file(text: str, what: str) -> str:
+    """A document's text, refused as the CLI refuses a file of it that is not UTF-8: a
+    body's bytes are decoded as json.loads decodes them, which lets an encoded surrogate
+    through as one, where a file's are decoded strictly (``model.utf8_text``)."""
+    return utf8_text(text.encode("utf-8", "surrogatepass"), what)
 
 
 def record_bytes(record: Record) -> int:
