@@ -962,8 +962,10 @@ class Memory:
     @guarded("log.sign", V, audit=False)
     def sign_pending(self) -> None:
         """Sign the entries this handle appended within the checkpoint interval, as
-        ``close()`` would, and no other: a tail no checkpoint covers that another
-        connection left (a crash's, or an intruder's) stays for verification to find."""
+        ``close()`` would. Only if it has some: a checkpoint covers the log up to its end,
+        so a tail another connection left after them (a crash's, or an intruder's) is
+        covered with them; a handle with none to sign leaves such a tail for verification
+        to find."""
         self._sign_pending()
 
     def _sign_pending(self) -> None:
@@ -1494,7 +1496,7 @@ class Memory:
                 derived_from=current.derived_from,
                 expires_at=current.expires_at,
             )
-            earlier = {r.id for r in self.backend.history(self.tenant, space, key_ref)} if erase_previous else set()
+            earlier = {r.id for r in self._key_rows(space, key_ref)} if erase_previous else set()
             record = self._write(
                 item,
                 space,
@@ -1506,7 +1508,7 @@ class Memory:
                 erased=tuple(sorted(earlier)),
             )
             # Re-read after the write: the value it superseded has left the index since.
-            self._purge(r for r in self.backend.history(self.tenant, space, key_ref) if r.id in earlier)
+            self._purge(r for r in self._key_rows(space, key_ref) if r.id in earlier)
             redact_decisions(self, sorted(earlier), record.id, self._clock(), events, by="rectification")
             if erase_previous:
                 self.backend.scrub_after_commit()
@@ -1877,15 +1879,20 @@ class Memory:
         when the call is made; after a cursor, a page may hold none."""
         return self._versions(key, space, limit=limit, after=after)
 
+    def _key_rows(
+        self, space: Space, key_ref: bytes, *, limit: int | None = None, after: str | None = None
+    ) -> Iterator[StoredRow]:
+        """The rows of every version of a key, of every status, oldest first."""
+        where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
+        return self.backend.select(where)
+
     def _versions(self, key: str, space: Space, *, limit: int | None, after: str | None) -> Iterator[Record]:
         check_type(space, Space, "space")
         if after is not None:
             check_record_id(after, "after")
         if limit is not None:
             check_int(limit, "limit", low=1)
-        key_ref = self._key_ref(space, canonical_key(key))
-        where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
-        rows = self.backend.select(where)
+        rows = self._key_rows(space, self._key_ref(space, canonical_key(key)), limit=limit, after=after)
         # The first is read now, so that an unknown key fails inside the guarded call,
         # which audits it as a failed one.
         first = next(rows, None)

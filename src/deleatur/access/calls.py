@@ -230,10 +230,11 @@ def refused_key(memory: Memory, principal_id: str | None, row: Mapping[str, Any]
     fields |= {"outcome": "denied", "request": memory._ids.new(), "error": problem}
     if unwritten:
         fields["unwritten"] = unwritten  # refusals since the last entry, over the budget
+    refusal = Entry(EventType.CALL, now, fields)
     try:
-        memory._audit(Entry(EventType.CALL, now, fields))
+        memory._audit(refusal)
     except StoreBusyError:
-        memory._refusals.unadmit(now, unwritten)
+        refusal_unwritten(memory, refusal)
         raise
 
 

@@ -58,9 +58,10 @@ def check_certificate(certificate: str | dict[str, Any], expected_pubkey: str | 
     as its JSON text, it gets the verdict ``deleatur verify`` gives that text in a file:
     text that is not JSON is refused as bad input, and a repeated key or an unsigned
     member fails check 1 (see :func:`deleatur.erasure.verify.verify_certificate`)."""
+    parsed: Any = certificate
     if isinstance(certificate, str):
         certificate = _as_file(certificate, "the certificate")
-    parsed = loads_readable(certificate, "the certificate") if isinstance(certificate, str) else certificate
+        parsed = loads_readable(certificate, "the certificate")
     key = None if expected_pubkey is None else pinned_key_for(parsed, expected_pubkey)
     return verify_certificate(certificate, expected_key=key)
 

@@ -833,11 +833,12 @@ def create_app(
         request meanwhile (a verification on it held up every tenant's calls).
 
         Without ``size``, each of the pool's handles first signs the entries it appended
-        itself (it alone knows them for its own, not a crash's or an intruder's tail),
-        and the verification reads the log as it was at that moment: its read snapshot
-        begins before any of them appends anything more (the pool lends none meanwhile),
-        so every entry it sees that no checkpoint covers fails the coverage check, as on
-        the shared handle before. While another process holds the write lock that
+        itself (``Memory.sign_pending``: a tail another connection left after them is
+        covered with them, a checkpoint covering a prefix), and the verification reads
+        the log as it was at that moment: its read snapshot begins before any of them
+        appends anything more (the pool lends none meanwhile), so every entry it sees
+        that no checkpoint covers fails the coverage check, as on the shared handle
+        before. While another process holds the write lock that
         signing needs, the handles are not held: they serve other requests, and the
         signing is tried again, as a call is (``on_store``).
 

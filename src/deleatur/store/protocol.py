@@ -129,8 +129,6 @@ class Backend(Protocol):
 
     def select(self, where: RowFilter) -> Iterator[StoredRow]: ...
 
-    def history(self, tenant: str, space: Space, key_ref: bytes) -> list[StoredRow]: ...
-
     # -- erasure ----------------------------------------------------------------
 
     def select_any(

@@ -468,15 +468,6 @@ class SQLiteBackend:
         for values in self._conn.execute(sql, args):
             yield _row(values)
 
-    def history(self, tenant: str, space: Space, key_ref: bytes) -> list[StoredRow]:
-        return [
-            _row(v)
-            for v in self._conn.execute(
-                f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE} AND r.key_ref = ? ORDER BY r.id",
-                (*_space_args(tenant, space), key_ref),
-            )
-        ]
-
     def select_any(
         self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None
     ) -> Generator[StoredRow, None, None]:
