@@ -496,11 +496,12 @@ NOT_IN_CLIENT = {
     "export_csv",
     "residue",
     # A server's own handles: what it signs and reads as of a moment (its verifications),
-    # the -wal it truncates as such a read ends, and the reads' entries it group-commits.
+    # the -wal it truncates as such a read ends, and the calls it group-commits.
     "sign_pending",
     "read_snapshot",
     "finish_scrub",
     "audit_batch",
+    "write_group",
 }
 
 

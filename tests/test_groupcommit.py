@@ -1,16 +1,22 @@
-"""The server's group commit of the reads' audit entries, on its own: a group whose
-write fails or is cancelled is closed, its entries dropped, and the next read starts
-a new group that is written."""
+"""Group commit: the library's WriteGroup (calls in one transaction, each a savepoint of
+it, signed once), and the server's groups of reads' audit entries (a group whose write
+fails or is cancelled is closed, its entries dropped, and the next read starts a new
+group that is written)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
+import apsw
 import pytest
 
-from deleatur import Memory, StoreBusyError
-from deleatur.servers.groupcommit import AuditGroups, Group
+from deleatur import Memory, RestrictedSubjectError, Role, StoreBusyError, StoreError, from_bytes
+from deleatur.servers.groupcommit import CommitGroups, Group
+
+from .conftest import MASTER
 
 
 @pytest.mark.parametrize("failure", [StoreBusyError("the lock stayed held"), asyncio.CancelledError()])
@@ -28,7 +34,7 @@ def test_a_group_whose_write_fails_is_closed_and_the_next_one_is_written(
         work(memory)
 
     async def run() -> None:
-        groups = AuditGroups(on_store)
+        groups = CommitGroups(on_store)
         first: set[Group] = set()
         with groups.collecting(memory, first):
             memory.get(record.id)
@@ -43,3 +49,182 @@ def test_a_group_whose_write_fails_is_closed_and_the_next_one_is_written(
     asyncio.run(run())
     logged = [e.entry.fields["action"] for e in memory.audit_entries(start=start, calls_only=True)]
     assert logged == ["get", "audit.show"]  # the second get; the first was answered with the failure
+
+
+# -- the library's WriteGroup ----------------------------------------------------------
+
+
+def _checkpoints(memory: Memory) -> int:
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    return int(conn.execute("SELECT count(*) FROM log_checkpoints").fetchone()[0])
+
+
+def test_a_write_group_commits_its_calls_together_and_signs_once(memory: Memory, store_path: Path) -> None:
+    """Calls in a group are one transaction: another connection sees none of them before
+    the commit and all after; the log gets one checkpoint for the group, where each write
+    alone signs its own (this handle signs every write), and verifies."""
+    before = _checkpoints(memory)
+    group = memory.write_group()
+    for i in range(5):
+        with group.joining():
+            memory.remember(f"grouped {i}", subject="alice")
+    other = apsw.Connection(str(store_path))
+    count = "SELECT count(*) FROM records WHERE status = 'ACTIVE'"
+    assert other.execute(count).fetchone() == (0,)  # nothing is visible before the commit
+    group.commit()
+    assert _checkpoints(memory) == before + 1
+    assert other.execute(count).fetchone() == (5,)
+    other.close()
+    assert memory.verify_log().ok
+    memory.remember("alone", subject="alice")  # the handle's log cache follows the group's appends
+    assert _checkpoints(memory) == before + 2
+    assert sorted(r.text for r in memory.list()) == ["alone", *(f"grouped {i}" for i in range(5))]
+    assert memory.verify_log().ok
+
+
+def test_a_call_that_fails_in_a_write_group_undoes_only_its_own_writes(memory: Memory) -> None:
+    member = memory.as_principal(memory.create_principal("agent", Role.MEMBER)[0])
+    memory.restrict("bob", reason="disputed", actor="dpo")
+    group = memory.write_group()
+    with group.joining():
+        member.remember("kept", subject="alice")
+    with group.joining(), pytest.raises(RestrictedSubjectError):
+        member.remember("refused", subject="bob")
+    with group.joining():
+        member.remember("also kept", subject="carol")
+    group.commit()
+    assert sorted(r.text for r in memory.list()) == ["also kept", "kept"]
+    entries = memory.audit_entries(calls_only=True)
+    outcomes = [e.entry.fields["outcome"] for e in entries if e.entry.fields["action"] == "remember"]
+    assert outcomes == ["ok", "failed", "ok"]
+    assert memory.verify_log().ok
+
+
+def test_a_rolled_back_write_group_leaves_nothing_and_the_log_goes_on(memory: Memory) -> None:
+    size = memory.backend.log_size()
+    group = memory.write_group()
+    for i in range(3):
+        with group.joining():
+            memory.remember(f"undone {i}", subject="alice")
+    group.rollback()
+    assert memory.backend.log_size() == size and [*memory.list()] == []
+    memory.remember("after", subject="alice")
+    assert [r.text for r in memory.list()] == ["after"]
+    assert memory.verify_log().ok
+
+
+def test_a_write_group_whose_commit_fails_leaves_nothing(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    size = memory.backend.log_size()
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("lost", subject="alice")
+
+    def fail() -> bool:
+        raise StoreError("the disk is full")
+
+    monkeypatch.setattr(memory, "_sign_group", fail)
+    with pytest.raises(StoreError, match="the disk is full"):
+        group.commit()
+    monkeypatch.undo()
+    assert not group.open and memory.backend.log_size() == size and [*memory.list()] == []
+    memory.remember("after", subject="alice")
+    assert memory.verify_log().ok
+
+
+def test_a_write_group_refuses_removals_snapshots_and_writes_outside_it(memory: Memory) -> None:
+    """A removal must truncate the -wal once it commits, which a group's call cannot do;
+    a read snapshot cannot begin inside a write transaction; and a write made outside the
+    group while it is open would commit with it unasked. Each is refused, naming why,
+    and the group's own writes still commit."""
+    record = memory.remember("to retire", subject="alice")
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("grouped", subject="alice")
+        with pytest.raises(StoreError, match="removal cannot be made in a group"):
+            memory.forget(record_id=record.id)
+    with pytest.raises(StoreError, match="write group is open"):
+        memory.remember("outside", subject="alice")
+    with pytest.raises(StoreError, match="write group is open"), memory.read_snapshot():
+        pass
+    group.commit()
+    assert sorted(r.text for r in memory.list()) == ["grouped", "to retire"]
+    memory.forget(record_id=record.id)  # once the group has committed, it goes ahead
+    assert [r.text for r in memory.list()] == ["grouped"]
+
+
+def test_closing_the_handle_rolls_an_open_write_group_back(store_path: Path) -> None:
+    memory, _ = Memory.init(store_path, from_bytes(MASTER))
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("never answered", subject="alice")
+    memory.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert [*reopened.list()] == []
+        assert reopened.verify_log().ok
+
+
+def test_audit_entries_written_in_a_rolled_back_write_group_are_written_again(memory: Memory) -> None:
+    record = memory.remember("read me", subject="alice")
+    batch = memory.audit_batch()
+    with batch.collecting():
+        memory.get(record.id)
+    group = memory.write_group()
+    with group.joining():
+        batch.write()
+    assert len(batch) == 0
+    group.rollback()
+    assert len(batch) == 1  # back in the batch, not lost
+    batch.write()
+    assert [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)][-2:] == ["get", "audit.show"]
+
+
+# -- the server's queue of writes ---------------------------------------------------------
+
+
+def _remember(memory: Memory, *, text: str) -> object:
+    return memory.remember(text, subject="alice")
+
+
+def _queued(memory: Memory, calls: list[Callable[[Memory], object]]) -> list[object]:
+    """Each call queued as a server's writes are, and flushed together; what each got."""
+
+    async def on_store(work: Callable[[Memory], None]) -> None:
+        work(memory)
+
+    async def run() -> list[object]:
+        groups = CommitGroups(on_store)
+        return await asyncio.gather(*(groups.write(call) for call in calls), return_exceptions=True)
+
+    return asyncio.run(run())
+
+
+def test_queued_writes_are_made_in_one_flush_each_answered_with_its_own_outcome(memory: Memory) -> None:
+    memory.restrict("bob", reason="disputed", actor="dpo")
+    before = _checkpoints(memory)
+    got = _queued(
+        memory,
+        [
+            lambda m: m.remember("first", subject="alice").text,
+            lambda m: m.remember("refused", subject="bob").text,
+            lambda m: m.remember("third", subject="carol").text,
+        ],
+    )
+    assert got[0] == "first" and got[2] == "third"
+    assert isinstance(got[1], RestrictedSubjectError)
+    assert _checkpoints(memory) == before + 1  # one transaction, signed once
+    assert sorted(r.text for r in memory.list()) == ["first", "third"]
+
+
+def test_queued_writes_whose_commit_fails_all_get_its_error_and_leave_nothing(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = memory.backend.log_size()
+
+    def fail() -> bool:
+        raise StoreError("the disk is full")
+
+    monkeypatch.setattr(memory, "_sign_group", fail)
+    got = _queued(memory, [partial(_remember, text=f"lost {i}") for i in range(3)])
+    monkeypatch.undo()
+    assert [str(g) for g in got] == ["the disk is full"] * 3  # none is answered as written
+    assert memory.backend.log_size() == size and [*memory.list()] == []

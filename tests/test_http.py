@@ -638,12 +638,17 @@ def test_client_errors_are_deleatur_errors(client: Client) -> None:
         down.checkpoint()
 
 
-def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process (a CLI erasure, a backup) holds the store's write lock: a
-    remember waits for it without holding up the event loop or the store handle, which
-    meanwhile serve other requests, then writes its record once (its refused tries
-    changed nothing)."""
+@pytest.mark.parametrize("held", ["store", "key store"])
+def test_a_lock_held_elsewhere_never_stalls_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: str
+) -> None:
+    """Another process (a CLI erasure, a backup) holds the store's write lock, or the key
+    store's (which a remember about a new subject needs, to make its data key: it cannot
+    be made in its group of writes, which goes on without it): a remember waits for it
+    without holding up the event loop or the store handle, which meanwhile serve other
+    requests, then writes its record once (its refused tries changed nothing)."""
     from deleatur import sqlitefile
+    from deleatur.memory import keystore_path
 
     opener = new_store(tmp_path / "mem.db")
     headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
@@ -659,7 +664,8 @@ def test_a_lock_held_elsewhere_never_stalls_the_event_loop(tmp_path: Path, monke
 
     monkeypatch.setattr(sqlitefile, "time", _Time)
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)  # a stalled loop would hang
-    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    store = tmp_path / "mem.db"
+    holder = apsw.Connection(str(store if held == "store" else keystore_path(store)))
     with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
         holder.execute("BEGIN IMMEDIATE").fetchall()
         answers: list[httpx.Response] = []
@@ -1106,14 +1112,15 @@ def test_reads_served_together_are_answered_once_their_entries_commit_in_one_tra
     headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
     monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)
     readers = 8
-    writes: list[tuple[int, bool]] = []  # (entries, committed) of each try
+    writes: list[tuple[int, bool]] = []  # (entries, went through) of each try that had some
     gathered = threading.Event()
-    real = AuditBatch.write
+    real, real_collecting = AuditBatch.write, AuditBatch.collecting
 
     def watched(batch: AuditBatch) -> None:
         size = len(batch)
-        if size == readers:
-            gathered.set()
+        if not size:
+            real(batch)
+            return
         try:
             real(batch)
         except BaseException:
@@ -1121,7 +1128,15 @@ def test_reads_served_together_are_answered_once_their_entries_commit_in_one_tra
             raise
         writes.append((size, True))
 
+    @contextlib.contextmanager
+    def watched_collecting(batch: AuditBatch) -> Iterator[None]:
+        with real_collecting(batch):
+            yield
+        if len(batch) == readers:
+            gathered.set()
+
     monkeypatch.setattr(AuditBatch, "write", watched)
+    monkeypatch.setattr(AuditBatch, "collecting", watched_collecting)
     held = threading.Event()
     collected_while_held: list[object] = []
     collect = memory_module.collect_unused_keys  # type: ignore[attr-defined]
@@ -1162,8 +1177,9 @@ def test_reads_served_together_are_answered_once_their_entries_commit_in_one_tra
         assert [w.status_code for w in written] == [201]
     holder.close()
     assert not collected_while_held
-    assert [size for size, committed in writes if committed] == [readers]
-    assert all(not committed for _, committed in writes[:-1])
+    # Written once, whole: any try before (one that found the lock held) wrote nothing.
+    assert [size for size, went in writes if went] == [readers]
+    assert all(not went for _, went in writes[:-1])
     with opener() as memory:
         actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
     assert actions[-readers - 2 :] == ["recall"] * readers + ["remember", "audit.show"]
@@ -1219,6 +1235,73 @@ def test_reads_whose_entries_cannot_be_written_are_a_503(tmp_path: Path, monkeyp
     with opener() as memory:
         actions = [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)]
     assert actions.count("recall") == 1
+
+
+def test_writes_served_together_are_made_and_committed_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another process holds the write lock, remembers queue, none answered; once
+    it is free, one transaction makes them all (each its own savepoint) and one
+    checkpoint signs them, even where every write is signed; then each is answered with
+    its record, and the log verifies."""
+    from deleatur import sqlitefile
+    from deleatur.servers.groupcommit import CommitGroups
+
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    monkeypatch.setattr(sqlitefile, "BUSY_TIMEOUT_MS", 600_000)
+    writers = 8
+    queued: list[int] = []
+    gathered = threading.Event()
+    flushes: list[int] = []  # the writes each flush that went through made
+    real_write, real_make = CommitGroups.write, CommitGroups._make
+
+    async def counted(self: CommitGroups, call: Any) -> Any:
+        queued.append(1)
+        if len(queued) == writers:
+            gathered.set()
+        return await real_write(self, call)
+
+    def made(self: CommitGroups, memory: Memory, *, flushed: list[Any]) -> None:
+        real_make(self, memory, flushed=flushed)
+        flushes.append(len(flushed))
+
+    monkeypatch.setattr(CommitGroups, "write", counted)
+    monkeypatch.setattr(CommitGroups, "_make", made)
+    with opener() as memory:
+        start = memory.backend.log_size()
+    holder = apsw.Connection(str(tmp_path / "mem.db"))
+    app = create_app(opener, sign_every_write=True)
+    with serving(app) as url, httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        answers: list[httpx.Response] = []
+        holder.execute("BEGIN IMMEDIATE").fetchall()
+        threads = [
+            threading.Thread(
+                target=lambda i=i: answers.append(
+                    http.post("/v1/memories", json={"text": f"queued {i}", "subject": "a"})
+                )
+            )
+            for i in range(writers)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            assert gathered.wait(timeout=60), "the remembers never all queued"
+            assert not answers and not flushes  # none made, none answered, while the lock is held
+        finally:
+            holder.execute("ROLLBACK").fetchall()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert sorted(a.status_code for a in answers) == [201] * writers
+        assert sorted(a.json()["text"] for a in answers) == sorted(f"queued {i}" for i in range(writers))
+    holder.close()
+    assert flushes == [writers]
+    with opener() as memory:
+        assert sorted(r.text for r in memory.list()) == sorted(f"queued {i}" for i in range(writers))
+        conn = memory.backend._conn  # type: ignore[attr-defined]
+        signed = [size for (size,) in conn.execute("SELECT size FROM log_checkpoints WHERE size > ?", (start,))]
+        assert min(signed) == start + 2 * writers  # each write and its call entry, signed once
+        assert memory.verify_log().ok
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(

@@ -4,7 +4,7 @@ The public surface is re-exported here; everything else is internal.
 """
 
 from .access.audit import AuditEntry, AuditTrail
-from .access.batch import AuditBatch
+from .access.batch import AuditBatch, WriteGroup
 from .access.principals import Capability, Principal, Role
 from .crypto.master import MasterKeySource, from_bytes, from_environment, from_file, from_hex, from_passphrase
 from .decisions.snapshots import Decision
@@ -103,6 +103,7 @@ __all__ = [
     "Verifier",
     "Witness",
     "WitnessError",
+    "WriteGroup",
     "__version__",
     "canonical_subject",
     "from_bytes",

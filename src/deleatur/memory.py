@@ -18,6 +18,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,7 +31,7 @@ from .access import admin, calls
 from .access.audit import AuditTrail
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
-from .access.batch import AuditBatch
+from .access.batch import AuditBatch, WriteGroup
 from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
 from .access.principals import Capability, Principal, Role
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
@@ -205,6 +206,8 @@ class _Shared:
     deferred: builtins.list[Entry] | None = None
     #: Inside a read snapshot.
     reading: bool = False
+    #: The write group whose transaction is open on the handle.
+    group: WriteGroup | None = None
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -440,6 +443,8 @@ class Memory:
         does nothing, and the handle that opened the store closes it."""
         if not self._owner:
             return
+        if self._shared.group is not None:
+            self._shared.group.rollback()  # its calls were never answered
         if self._current_signer() is not None:
             self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
         self.keys.close()
@@ -525,7 +530,8 @@ class Memory:
         calls.leave(self, call, error)
         # Not while entries are deferred (in a read snapshot, or a server's group of
         # reads): the collection takes the write lock, which such a call never waits for.
-        deferring = self._shared.deferred is not None
+        # Nor in a write group, whose calls' keys are not settled before it commits.
+        deferring = self._shared.deferred is not None or self._shared.group is not None
         if self.keys.unsettled and self._current is None and not deferring and not isinstance(error, StoreBusyError):
             # Keys this call made for a write that did not commit (refused or failed under
             # the lock) go now. With a lock held elsewhere they wait for a later call's end,
@@ -641,10 +647,16 @@ class Memory:
         upgrade's rewrite as the store opens) go ahead without the signing key: a read
         must not go unrecorded because the key is missing, and its entry stays uncovered,
         failing `log verify`, until it returns.
+
+        In a :class:`WriteGroup` the transaction is a savepoint of the group's, and only
+        an erasure's (``sign``) is signed on its own: the group signs as it commits.
         """
         if self.log.signer is None and self._shared.keys_announced and not audit_only:
             # Writing on would leave entries no checkpoint covers, and verification failing.
             raise self._no_signer()
+        group = self._shared.group
+        if group is not None and not group.joined:
+            raise StoreError("a write group is open on this store handle: commit it before writing outside it")
         events: builtins.list[tuple[Entry, str | None]] = []
         call = self._current
         with self.backend.atomic():
@@ -653,19 +665,39 @@ class Memory:
                 events.append((calls.entry(self, call), None))
             if events:
                 self.log.append(events)
-                now = self._clock()
-                due = sign or now - self._shared.signed_at >= self.checkpoint_interval_us
-                if self.log.signer is not None and due and self._current_signer() is not None:
+                signed = (group is None or sign) and self._signing_due(sign)
+                if signed:
                     self.log.sign_appended()
-                    self._shared.signed_at = now
-                    signed = True
-                else:
-                    signed = False
+                    self._shared.signed_at = self._clock()
         if events:
             self._shared.unsigned = not signed
             self.log.committed()
         if call is not None:
             call.logged = True
+
+    def _signing_due(self, sign: bool) -> bool:
+        """Whether a transaction that appended entries signs the log: always if ``sign``
+        (and the handle has the key that signs it), else once the last checkpoint this
+        handle signed is ``checkpoint_interval_us`` old."""
+        due = sign or self._clock() - self._shared.signed_at >= self.checkpoint_interval_us
+        return self.log.signer is not None and due and self._current_signer() is not None
+
+    def _sign_group(self) -> bool:
+        """In a write group's transaction, as it commits: sign the log if the group's
+        entries (or others this handle left unsigned) are due to be; whether it did."""
+        if not self._shared.unsigned or not self._signing_due(False):
+            return False
+        self.log.checkpoint()
+        self._shared.signed_at = self._clock()
+        return True
+
+    def _after_commit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` once the write transaction just left has committed: now, or, in a
+        write group, as the group commits."""
+        if self._shared.group is None:
+            work()
+        else:
+            self._shared.group.after_commit(work)
 
     def _no_signer(self) -> DeleaturError:
         """The error of a call that must sign and has no key, saying what to do: every
@@ -986,6 +1018,8 @@ class Memory:
 
     @contextmanager
     def _read_snapshot(self) -> Iterator[None]:
+        if self._shared.group is not None:
+            raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
         batch = AuditBatch(self)
         try:
             with batch.collecting(), self.backend.snapshot():
@@ -996,6 +1030,12 @@ class Memory:
                     self._shared.reading = False
         finally:
             batch.write()
+
+    def write_group(self) -> WriteGroup:
+        """A group in which write calls on this handle share one transaction, committed
+        (and signed) once: a server's group commit of writes. Answer none of its calls
+        before :meth:`WriteGroup.commit` returns."""
+        return WriteGroup(self)
 
     def audit_batch(self) -> AuditBatch:
         """A batch to collect the entries that calls would write in transactions of their
@@ -1250,7 +1290,7 @@ class Memory:
                 for item in batch
             ]
             self.backend.insert_many(pending)
-        self.keys.used(key_id for _, key_id, _ in keys.values())
+        self._after_commit(partial(self.keys.used, [key_id for _, key_id, _ in keys.values()]))
         return records
 
     def _check_writable(

@@ -242,7 +242,29 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     except BaseException:
         conn.execute("ROLLBACK").fetchall()
         raise
-    conn.execute("COMMIT").fetchall()
+    try:
+        conn.execute("COMMIT").fetchall()
+    except BaseException:
+        # A commit that failed (a full disk, an I/O error) may leave the transaction
+        # open, and every later BEGIN on the connection failing with it.
+        if not conn.getautocommit():
+            conn.execute("ROLLBACK").fetchall()
+        raise
+
+
+@contextmanager
+def savepoint(conn: apsw.Connection) -> Iterator[None]:
+    """A transaction inside the connection's open write transaction: it takes no lock,
+    and undoes only its own changes if the block raises."""
+    conn.execute("SAVEPOINT deleatur").fetchall()
+    try:
+        yield
+    except BaseException:
+        # ROLLBACK TO keeps the savepoint open (and the outer transaction with it).
+        conn.execute("ROLLBACK TO deleatur").fetchall()
+        conn.execute("RELEASE deleatur").fetchall()
+        raise
+    conn.execute("RELEASE deleatur").fetchall()
 
 
 def data_version(conn: apsw.Connection) -> int:

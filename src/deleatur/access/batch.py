@@ -1,4 +1,5 @@
-"""Group commit of audit entries.
+"""Group commit: of audit entries (:class:`AuditBatch`) and of write calls
+(:class:`WriteGroup`).
 
 Every call leaves an audit entry. A write's goes into the write's own transaction; a
 read's (or a refusal's, or a failure's) takes a transaction of its own, and that
@@ -6,12 +7,18 @@ transaction, with its log append and its wait for the write lock, is a fifth of 
 recall. A server serving many reads at once collects their entries in an
 :class:`AuditBatch` and writes them in one transaction, answering none of those calls
 before it has: a call not yet recorded has not happened, as far as its caller knows.
+
+A write's own transaction costs it as much again: taking the lock, writing the pages it
+changed to the -wal (the hot ones, index edges and the log's tail, again for every
+write), and, where every write is signed, a checkpoint. A server serving many writes at
+once makes them in a :class:`WriteGroup`: one transaction, each call a savepoint of it,
+committed and signed once, and again no call answered before the commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
@@ -29,6 +36,7 @@ class AuditBatch:
     def __init__(self, memory: Memory) -> None:
         self.memory = memory
         self._entries: list[Entry] = []
+        self._uncommitted: list[Entry] = []  # written in an open write group
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -47,20 +55,142 @@ class AuditBatch:
     def write(self) -> None:
         """Write the entries collected so far, all in one transaction; they leave the
         batch once it commits. A write that fails (refused by a lock held elsewhere, say)
-        keeps them, to try again, and entries collected meanwhile go with them."""
+        keeps them, to try again, and entries collected meanwhile go with them. In a
+        :class:`WriteGroup` (inside its ``joining``) they are written in its transaction,
+        and commit with it."""
         if not self._entries:
             return
         if self.memory._shared.reading:
             raise StoreError("an audit batch cannot be written inside a read snapshot: write it once the snapshot ends")
-        written = len(self._entries)
+        written = self._entries[:]
         with self.memory._logged(audit_only=True) as events:
-            events.extend((entry, None) for entry in self._entries)
-        del self._entries[:written]
+            events.extend((entry, None) for entry in written)
+        del self._entries[: len(written)]
+        group = self.memory._shared.group
+        if group is not None:
+            if not self._uncommitted:
+                group.after_commit(self._uncommitted.clear)
+                group.after_rollback(self._restore)
+            self._uncommitted += written
+
+    def _restore(self) -> None:
+        """The write group they were written in rolled back: they are to write again."""
+        self._entries[:0] = self._uncommitted
+        self._uncommitted.clear()
 
     def drop(self) -> None:
-        """Forget the entries collected: they will not be written, and their calls are
-        answered with an error instead. A refused API key's entry gives back its place in
-        the budget of refusals written, and the count of unwritten ones it carried."""
-        for entry in self._entries:
+        """Forget the entries collected, and those written in a write group that has not
+        committed: their calls are answered with an error instead. A refused API key's
+        entry gives back its place in the budget of refusals written, and the count of
+        unwritten ones it carried."""
+        for entry in [*self._uncommitted, *self._entries]:
             calls.refusal_unwritten(self.memory, entry)
+        self._uncommitted.clear()
         self._entries.clear()
+
+
+class WriteGroup:
+    """Write calls on one store handle made in one transaction and committed together.
+
+    A call made on the handle (or a view of it) inside :meth:`joining` writes in the
+    group's transaction, which the first call to join begins (it takes the write lock:
+    StoreBusyError, having changed nothing, if another connection holds it). Each call's
+    own transaction is a savepoint of the group's, so a call that fails undoes its own
+    writes alone. Nothing the calls wrote is durable, or visible to other connections,
+    before :meth:`commit`: answer none of them before it returns. A commit that fails, or
+    :meth:`rollback`, undoes every call's writes.
+
+    The log's new entries are signed once, as the group commits (when this handle's
+    checkpoint interval says so, as a single write's would be). While the group is open,
+    a call on the handle outside :meth:`joining` that writes is refused (StoreError), and
+    so, inside it, are removals (which must truncate the -wal after their own commit) and
+    read snapshots."""
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+        self.joined = False
+        self._transaction: AbstractContextManager[None] | None = None
+        self._after: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], None]] = []
+
+    @property
+    def open(self) -> bool:
+        """The group's transaction has begun and not yet ended."""
+        return self._transaction is not None
+
+    def begin(self) -> None:
+        """Begin the group's transaction, if it has not begun: it takes the write lock
+        (StoreBusyError, having changed nothing, if another connection holds it)."""
+        shared = self.memory._shared
+        if shared.reading:
+            raise StoreError("a write group cannot begin inside a read snapshot")
+        if shared.group is not None and shared.group is not self:
+            raise StoreError("another write group is open on this store handle: commit it first")
+        if self._transaction is None:
+            transaction = self.memory.backend.atomic()
+            transaction.__enter__()
+            self._transaction = transaction
+            shared.group = self
+
+    @contextmanager
+    def joining(self) -> Iterator[None]:
+        """Calls on the handle in the block write in the group's transaction, which
+        begins here if it has not (see :meth:`begin`)."""
+        self.begin()
+        self.joined = True
+        try:
+            yield
+        finally:
+            self.joined = False
+
+    def after_commit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` once the group has committed (not at all if it rolls back)."""
+        self._after.append(work)
+
+    def after_rollback(self, work: Callable[[], None]) -> None:
+        """Run ``work`` if the group rolls back (not at all if it commits)."""
+        self._undo.append(work)
+
+    def commit(self) -> None:
+        """Sign the new entries if due, and commit. Raises what a failed commit raised,
+        having undone every call's writes."""
+        transaction = self._transaction
+        if transaction is None:
+            return
+        try:
+            signed = self.memory._sign_group()
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        self._transaction = None
+        self.memory._shared.group = None
+        try:
+            transaction.__exit__(None, None, None)
+        except BaseException:
+            self._rolled_back()
+            raise
+        if signed:
+            self.memory._shared.unsigned = False
+        after, self._after, self._undo = self._after, [], []
+        for work in after:
+            work()
+
+    def rollback(self) -> None:
+        """Undo every call's writes: their callers must get an error, not an answer."""
+        if self._transaction is not None:
+            self._end(StoreError("the write group was rolled back"))
+
+    def _end(self, error: BaseException) -> None:
+        transaction, self._transaction = self._transaction, None
+        self.memory._shared.group = None
+        try:
+            if transaction is not None:
+                transaction.__exit__(type(error), error, None)
+        finally:
+            self._rolled_back()
+
+    def _rolled_back(self) -> None:
+        self.memory.log.rolled_back()
+        undo, self._after, self._undo = self._undo, [], []
+        for work in undo:
+            work()

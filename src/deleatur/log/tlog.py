@@ -112,9 +112,14 @@ class TransparencyLog:
         return start
 
     def committed(self) -> None:
-        """The transaction of the last append committed: its tree may be reused."""
+        """The transaction of the last append committed (or, in a write group, its
+        savepoint was released): its tree may be reused."""
         self._cache, self._uncommitted = self._uncommitted, None
         self._cache_version = self.backend.data_version()
+
+    def rolled_back(self) -> None:
+        """A write group's transaction rolled back: the trees its appends made are gone."""
+        self._cache = self._uncommitted = None
 
     def sign_appended(self) -> Note:
         """Sign the tree the last ``append`` made, in the same transaction: its root is

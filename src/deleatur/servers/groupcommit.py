@@ -1,28 +1,69 @@
-"""Group commit of the reads' audit entries, for a server whose calls take turns on one
-store handle (see :class:`~deleatur.AuditBatch`).
+"""Group commit, for a server whose calls take turns on one store handle: of the reads'
+audit entries (:class:`~deleatur.AuditBatch`) and of the writes that make one record
+(:class:`~deleatur.WriteGroup`).
 
 Reads join the open group as they run; the first to finish starts the group's write,
-which waits for the handle's turn like any call, so every read that runs before it
-gets there joins it too. While a lock held elsewhere refuses the write, the group
-stays open and keeps gathering. Any other call writes the open group first, in its own
-turn, so the log lists calls in the order they ran. Each read is answered once its
-group is written, or gets the write's error: a read is never answered before its entry
-is committed.
+which waits for the handle's turn like any call, so every read that runs before it gets
+there joins it too. While a lock held elsewhere refuses the write, the group stays open
+and keeps gathering. Any other call writes the open group first, in its own turn, so the
+log lists calls in the order they ran. Each read is answered once its group is written,
+or gets the write's error: a read is never answered before its entry is committed.
+
+A write waits in a queue, and is made when the queue is flushed: the first write to
+wait starts the flush, which waits for the handle's turn like a call, so every write
+that arrives before it gets there waits with it. The flush makes them all in one
+transaction, each a savepoint of it (one that fails undoes its own writes alone), after
+the entries of the reads that ran before it, and commits it: the write lock is held only
+while the library works, not while requests are parsed and answered, so another server
+process gets it in between. While a lock held elsewhere refuses the flush, the queue
+keeps gathering. Each write is answered once the flush has committed, or gets its error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from ..access.batch import AuditBatch
+from ..errors import StoreBusyError
 from ..memory import Memory
+from ..sqlitefile import first_try
 
-#: How a group's write is made: on the handle in its turn, tried again while a lock held
-#: elsewhere refuses it, as the server runs a call (its ``on_store``).
+T = TypeVar("T")
+
+#: How a group's write or a flush is made: on the handle in its turn, tried again while
+#: a lock held elsewhere refuses it, as the server runs a call (its ``on_store``).
 OnStore = Callable[[Callable[[Memory], None]], Awaitable[None]]
+
+
+class Alone:
+    """What a queued write comes back as when it could not be made in the flush without
+    waiting for a lock held elsewhere (another process's, on the key store): it changed
+    nothing, and is to be made on its own, as a call that is not grouped."""
+
+
+@dataclass(eq=False)
+class _Write(Generic[T]):
+    call: Callable[[Memory], T]
+    done: asyncio.Future[None]
+    value: T | Alone | None = None
+    error: BaseException | None = None
+
+    def make(self, memory: Memory) -> None:
+        """Make the write, keeping what it returned or raised."""
+        with first_try() as attempt:
+            try:
+                self.value = self.call(memory)
+            except StoreBusyError as exc:
+                refused = attempt.refused and not attempt.committed
+                self.value, self.error = (Alone(), None) if refused else (None, exc)
+            except Exception as exc:
+                self.error = exc
 
 
 @dataclass(eq=False)
@@ -35,14 +76,20 @@ class Group:
     written: bool = False
 
 
-class AuditGroups:
-    """The open group of one server's handle, and the writes of the groups."""
+class CommitGroups:
+    """The open group of reads and the queue of writes of one server's handle, and their
+    commits."""
 
     def __init__(self, on_store: OnStore) -> None:
         self._on_store = on_store
         self._open: Group | None = None
+        self._queue: list[_Write[Any]] = []
+        self._queued = threading.Lock()  # a flush may take the queue in a worker thread
+        self._flushing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._writes: set[asyncio.Task[None]] = set()  # kept referenced until they end
+        self._tasks: set[asyncio.Task[None]] = set()  # kept referenced until they end
+
+    # -- reads -----------------------------------------------------------------------
 
     @contextmanager
     def collecting(self, memory: Memory, joined: set[Group]) -> Iterator[None]:
@@ -70,17 +117,15 @@ class AuditGroups:
 
     async def written(self, joined: set[Group]) -> None:
         """Return once every group in ``joined`` is written; raise what a write raised."""
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for group in joined:
             if group.written:
                 continue  # a call that is not a read wrote it, before this read got here
             if group.done is None:
-                group.done = self._loop.create_future()
+                group.done = loop.create_future()
                 # Read at once, so a failure every waiter has left is not reported unread.
                 group.done.add_done_callback(lambda done: done.cancelled() or done.exception())
-                task = asyncio.create_task(self._write(group))
-                self._writes.add(task)
-                task.add_done_callback(self._writes.discard)
+                self._start(self._write(group))
             # Shielded: a caller that goes away must not cancel the others' write.
             await asyncio.shield(group.done)
 
@@ -116,12 +161,92 @@ class AuditGroups:
         if group.written:
             return
         group.batch.write()
+        self._written(group)
+
+    def _written(self, group: Group) -> None:
         group.written = True
         if self._open is group:
             self._open = None
         if group.done is not None and self._loop is not None:
             # From a worker thread too: the future belongs to the loop.
             self._loop.call_soon_threadsafe(_resolve, group.done)
+
+    # -- writes ----------------------------------------------------------------------
+
+    async def write(self, call: Callable[[Memory], T]) -> T | Alone:
+        """Make ``call`` in the next flush: what it returned once the flush has committed,
+        or what it (or the commit) raised; :class:`Alone` if it is to be made on its own."""
+        loop = self._loop = asyncio.get_running_loop()
+        write: _Write[T] = _Write(call, loop.create_future())
+        write.done.add_done_callback(lambda done: done.cancelled() or done.exception())
+        with self._queued:
+            self._queue.append(write)
+        if not self._flushing:
+            self._flushing = True
+            self._start(self._flush())
+        # Shielded: a caller that goes away must not cancel the flush.
+        await asyncio.shield(write.done)
+        if write.error is not None:
+            raise write.error
+        return write.value  # type: ignore[return-value]  # set once the flush committed
+
+    async def _flush(self) -> None:
+        """Flush the queue until it is empty: each flush makes the writes queued by the
+        time it gets the handle's turn (and the write lock)."""
+        try:
+            while self._queue:
+                flushed: list[_Write[Any]] = []
+                try:
+                    await self._on_store(partial(self._make, flushed=flushed))
+                except Exception as exc:
+                    # Made on the handle, and refused or failed: never committed.
+                    failed = flushed or self._take()
+                    for write in failed:
+                        write.value, write.error = None, exc
+                    self._settle(failed)
+        finally:
+            self._flushing = False
+            if self._queue:  # only if cancelled: the loop is ending
+                for write in self._take():
+                    write.done.cancel()
+
+    def _take(self) -> list[_Write[Any]]:
+        with self._queued:
+            taken, self._queue = self._queue, []
+        return taken
+
+    def _make(self, memory: Memory, *, flushed: list[_Write[Any]]) -> None:
+        """In the handle's turn: the queued writes, in one transaction, after the open group
+        of reads' entries (which then commit with them)."""
+        transaction = memory.write_group()
+        transaction.begin()  # takes the write lock: refused, it changed nothing
+        flushed += self._take()
+        group = self._open
+        try:
+            with transaction.joining():
+                if group is not None:
+                    group.batch.write()
+            for write in flushed:
+                with transaction.joining():
+                    write.make(memory)
+            transaction.commit()
+        except BaseException:
+            transaction.rollback()  # the reads' entries go back to their group, to write again
+            raise
+        if group is not None:
+            self._written(group)
+        self._settle(flushed)
+
+    def _settle(self, writes: list[_Write[Any]]) -> None:
+        if self._loop is not None:
+            for write in writes:
+                # From a worker thread too: the futures belong to the loop.
+                self._loop.call_soon_threadsafe(_resolve, write.done)
+
+    def _start(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 def _resolve(done: asyncio.Future[None]) -> None:

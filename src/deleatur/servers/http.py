@@ -60,7 +60,7 @@ from .calls import (
 )
 from .defaults import DEFAULT_BASIS, DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
-from .groupcommit import AuditGroups, Group
+from .groupcommit import Alone, CommitGroups, Group
 from .pool import HandlePool
 
 # Pauses of a request between tries for a lock another process holds: short at first,
@@ -704,42 +704,50 @@ def create_app(
     # lasts, holding the handle, and with one handle `turn` too: none does meanwhile.
     long_reads = _LongReads()
 
-    async def serve(call: Callable[[Memory], T], *, inline: bool = False, reads: bool = False) -> T:
+    async def serve(
+        call: Callable[[Memory], T], *, inline: bool = False, reads: bool = False, writes: bool = False
+    ) -> T:
         """Run one library call on a leased handle, as the principal of the request's API
         key (see ``on_store``).
 
-        ``reads``: the call reads records and writes nothing but its audit entry. With
-        one handle, such calls' entries are group-committed: a call is answered once its
-        entry is written together with those of the reads served meanwhile, a transaction
-        for many reads rather than one each. (Not for a read of the log: the library's
-        trail shows the reading call's own entry, which a group writes after it.)"""
+        With one handle, calls are group-committed (``groupcommit``): ``reads``, a call
+        that reads records and writes nothing but its audit entry, puts that entry in the
+        open group of reads; ``writes``, a call that writes a record in one transaction
+        and removes nothing, waits in the queue of writes, which are made together in one
+        transaction. Either is answered once what it wrote is committed: one transaction
+        for many calls rather than one each. (Not for a read of the log: the library's
+        trail shows the reading call's own entry, which a group writes after it.) Any
+        other call writes the open group of reads first; a queued write has not run yet,
+        and runs when its queue is flushed."""
         api_key = _API_KEY.get()
         joined: set[Group] = set()
 
         def work(memory: Memory) -> T:
-            if groups is None:
-                return call(as_caller(memory, api_key))
-            if not reads:
-                # The log lists calls in the order they ran: the reads that ran before this
-                # call go into it first (if a lock held elsewhere refuses that, this try
-                # changed nothing, and is made again later).
-                groups.write_open(memory)
-                return call(as_caller(memory, api_key))
-            with groups.collecting(memory, joined):
-                return call(as_caller(memory, api_key))
+            if groups is not None and reads:
+                with groups.collecting(memory, joined):
+                    return call(as_caller(memory, api_key))
+            return call(as_caller(memory, api_key))
 
+        if groups is not None and writes:
+            made = await groups.write(lambda memory: call(as_caller(memory, api_key)))
+            if not isinstance(made, Alone):
+                return made
+            # Refused in its group by a lock held elsewhere, having changed nothing: it is
+            # made on its own, as any call.
         try:
-            return await on_store(work, inline=inline, reads=reads)
+            return await on_store(work, inline=inline, grouped=reads, reads=reads)
         finally:
             if groups is not None and joined:
                 await groups.written(joined)
 
-    async def on_store(work: Callable[[Memory], T], *, inline: bool, reads: bool = False) -> T:
+    async def on_store(work: Callable[[Memory], T], *, inline: bool, grouped: bool = False, reads: bool = False) -> T:
         """Run ``work`` on a leased handle: in a worker thread, or, for an ``inline`` call
         (one that takes no lock but the write lock, and reads or writes a record or two),
         in the event loop itself when there is one handle, which spares the thread's cost
-        (a fifth of the throughput, BENCHMARKS.md). ``reads``: ``work`` writes nothing
-        itself (its entry goes to a group), so it need not queue behind a refused writer.
+        (a fifth of the throughput, BENCHMARKS.md). Unless ``grouped`` (``work`` joins the
+        open group of reads, or writes it), the open group is written first, so the log
+        lists calls in the order they ran. ``reads``: ``work`` writes nothing itself (its
+        entry goes to a group), so it need not queue behind a refused writer.
 
         No call holds the handle while another process holds a lock it needs: a try
         waits for a lock at most ``FIRST_TRY_WAIT_MS`` (sqlitefile.first_try), then gives
@@ -752,6 +760,10 @@ def create_app(
 
         def run() -> T:
             with pool.lease() as memory, long_reads.serving(memory):
+                if groups is not None and not grouped:
+                    # If a lock held elsewhere refuses this, the try changed nothing, and
+                    # is made again later.
+                    groups.write_open(memory)
                 return work(memory)
 
         def tried() -> T | _Refused:
@@ -809,7 +821,7 @@ def create_app(
         return done
 
     # Made after serve and on_store, which use it (as closures do, once called).
-    groups = AuditGroups(lambda write: on_store(write, inline=True)) if handles == 1 else None
+    groups = CommitGroups(lambda commit: on_store(commit, inline=True, grouped=True)) if handles == 1 else None
 
     async def unproved(request: Request) -> JSONResponse | None:
         """The answer to a request refused before its call (a URL or a body it would
@@ -918,6 +930,7 @@ def create_app(
     @app.post("/v1/memories", status_code=201, tags=["memories"], responses=_WRITE)
     async def remember(body: RememberBody) -> dict[str, Any]:
         """Write one memory; a new value for an existing key supersedes the old one."""
+        # Grouped: a supersession retires the old value, and removes nothing.
         return await serve(
             lambda m: m.remember(
                 body.text,
@@ -932,6 +945,7 @@ def create_app(
                 for_legal_claim=body.for_legal_claim,
             ).to_json(),
             inline=True,
+            writes=True,
         )
 
     async def search(q: str, space: Callable[[], Space], limit: int) -> dict[str, Any]:

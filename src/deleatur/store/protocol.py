@@ -80,7 +80,9 @@ class Backend(Protocol):
     store_id: str
 
     def atomic(self) -> AbstractContextManager[None]:
-        """One write transaction; everything inside commits together or not at all."""
+        """One write transaction; everything inside commits together or not at all.
+        Inside another, a savepoint of it: what it wrote is undone alone if it raises,
+        and commits with the outer one."""
         ...
 
     def snapshot(self) -> AbstractContextManager[None]:

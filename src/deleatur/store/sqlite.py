@@ -8,7 +8,7 @@ import json
 import math
 import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +17,7 @@ import apsw
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
-from ..sqlitefile import connect, data_version, immediate, scrub, sidecar_files
+from ..sqlitefile import connect, data_version, immediate, savepoint, scrub, sidecar_files
 from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
@@ -178,6 +178,7 @@ class SQLiteBackend:
         conn.register_fts5_function(_BM25, _bm25)
         # Index deletions and insertions held back by deferred_index(), as (rowid, text).
         self._deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] | None = None
+        self._depth = 0  # atomic() blocks open
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -193,8 +194,15 @@ class SQLiteBackend:
             conn.close()
             raise
 
-    def atomic(self) -> AbstractContextManager[None]:
-        return immediate(self._conn)
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # Inside another atomic() (a server's group of writes): a savepoint of it.
+        self._depth += 1
+        try:
+            with savepoint(self._conn) if self._depth > 1 else immediate(self._conn):
+                yield
+        finally:
+            self._depth -= 1
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -930,7 +938,10 @@ class SQLiteBackend:
         """In a transaction that removes data: mark the store until a scrub succeeds, so
         that if the process dies between the commit and the scrub, the next open scrubs.
         Each removal marks it anew, so a scrub clears only a mark that was there before it
-        truncated the -wal."""
+        truncated the -wal. Refused inside a nested transaction (a write group's), whose
+        commit comes after the removal's call has returned, with no scrub."""
+        if self._depth > 1:
+            raise StoreError("a removal cannot be made in a group of writes: its -wal is truncated after it commits")
         self._conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (_SCRUB_PENDING, uuid.uuid4().hex))
 
     def scrub_mark(self) -> str | None:

@@ -1,10 +1,10 @@
-"""Instructions per ``recall`` as the HTTP server makes it (a principal's view made from
-an API key, then the call, its ten decryptions and its audit entry), and per part,
-counted by callgrind, so another process on the machine does not change the figures
-(valgrind must be installed). Not a test. To compare two revisions, run it from a clean
-export of each::
+"""Instructions per ``recall`` and per ``remember`` as the HTTP server makes them (a
+principal's view made from an API key, then the call: a recall's ten decryptions and
+its audit entry, a remember's record and entries), and per part, counted by callgrind,
+so another process on the machine does not change the figures (valgrind must be
+installed). Not a test. To compare two revisions, run it from a clean export of each::
 
-    PYTHONPATH=<export>/src .venv/bin/python bench/bench_server_recall_instructions.py
+    PYTHONPATH=<export>/src .venv/bin/python bench/bench_server_call_instructions.py
 
 The store is ``bench_http.py``'s (10,000 records; one query word, ~10 matches), built
 once outside valgrind and copied for each run. A child process makes N calls of one
@@ -16,7 +16,11 @@ over N is the figure (the setup and the interpreter's start cancel out). The par
 - ``decrypt``: decrypting one query's ten rows into records;
 - ``recall``: the whole call (a view, then ``recall``), audit entry included;
 - ``grouped``: the same, its audit entry group-committed with those of 31 others, as the
-  server writes the entries of the reads it serves at once (``servers/groupcommit.py``).
+  server writes the entries of the reads it serves at once (``servers/groupcommit.py``);
+- ``remember``: a view, then ``remember`` (one word, 500 subjects), in a transaction of its
+  own, signed as each write is with ``--workers N`` (``checkpoint_interval_us = 0``);
+- ``remember-grouped``: the same, made in a ``WriteGroup`` with 15 others and signed once
+  per group, as the server makes the writes it serves at once.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from bench_http import WORDS, prepare
 from deleatur import Memory, Space, from_bytes
 from deleatur.servers.auth import as_caller
 
-PARTS = ("view", "ranking", "decrypt", "recall", "grouped")
+PARTS = ("view", "ranking", "decrypt", "recall", "grouped", "remember", "remember-grouped")
 GROUP = 32
+WRITE_GROUP = 16
 MASTER = bytes(32)
 
 
@@ -47,11 +52,21 @@ def child(store: Path, part: str, calls: int) -> None:
             rows = [row for row, _ in memory._ranked(WORDS[1], Space(), 10)]
             for i in range(50):  # warm-up: caches, prepared statements
                 as_caller(memory, key).recall(WORDS[(i * 31) % len(WORDS)])
-            # (Made only where used: revisions before it have no audit_batch.)
+            # (Made only where used: revisions before them have no audit_batch, write_group.)
             batch = memory.audit_batch() if part == "grouped" else None
+            writes = memory.write_group() if part == "remember-grouped" else None
+            if part.startswith("remember"):
+                memory.checkpoint_interval_us = 0
             for i in range(calls):
                 word = WORDS[(i * 31) % len(WORDS)]
-                if part == "view":
+                if part == "remember":
+                    as_caller(memory, key).remember(f"note {word}", subject=f"person {i % 500}")
+                elif writes is not None:
+                    with writes.joining():
+                        as_caller(memory, key).remember(f"note {word}", subject=f"person {i % 500}")
+                    if (i + 1) % WRITE_GROUP == 0 or i == calls - 1:
+                        writes.commit()
+                elif part == "view":
                     as_caller(memory, key)
                 elif part == "ranking":
                     memory._ranked(word, Space(), 10)
