@@ -141,6 +141,9 @@ STRICTLY_SCOPED = {
 }
 # A scoped key lists its own: those within its scopes.
 OWN_SCOPES = {"erasure requests"}
+# The log's verifier keys reach no user: public material, which any key that may read,
+# write or verify gets, scoped or not (an agent checks its erasures' certificates with it).
+PUBLIC = {"public key", "signing keys", "announced keys"}
 
 CALLERS = {
     "admin": (Role.ADMIN, None),
@@ -179,7 +182,7 @@ def _allowed(spec: Spec, role: Role, scopes: list[str] | None) -> bool:
         return False
     if spec.name in EXTRA_NEEDS and EXTRA_NEEDS[spec.name] not in held:
         return False
-    if scopes is None or spec.name in OWN_SCOPES:
+    if scopes is None or spec.name in OWN_SCOPES or spec.name in PUBLIC:
         return True
     if spec.name in STRICTLY_SCOPED:
         return spec.reach is not None and spec.reach in scopes

@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Memory, RestrictedSubjectError, Role, StoreBusyError, StoreError, from_bytes
+from deleatur import DeleaturError, Memory, RestrictedSubjectError, Role, StoreBusyError, StoreError, from_bytes
 from deleatur.servers.groupcommit import CommitGroups, Group
 
 from .conftest import MASTER
@@ -228,3 +228,122 @@ def test_queued_writes_whose_commit_fails_all_get_its_error_and_leave_nothing(
     monkeypatch.undo()
     assert [str(g) for g in got] == ["the disk is full"] * 3  # none is answered as written
     assert memory.backend.log_size() == size and [*memory.list()] == []
+
+
+def test_an_error_that_ends_a_write_groups_transaction_leaves_nothing_written(memory: Memory) -> None:
+    """Some errors (an interrupt, a full disk) make SQLite roll the whole transaction back
+    itself: the group's later calls are refused rather than each commit on its own, its
+    commit fails, nothing it wrote is stored, and the handle writes on afterwards."""
+    size = memory.backend.log_size()
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("first", subject="alice")
+    fire: list[bool] = []
+
+    def traced(_cursor: object, sql: str, _bindings: object) -> bool:
+        if sql.startswith("INSERT INTO records"):
+            fire.append(True)  # the record's own insert, inside its savepoint
+        return True
+
+    def interrupt() -> bool:  # SQLite's progress handler: True interrupts the statement
+        return bool(fire and fire.pop())
+
+    conn.exec_trace = traced
+    conn.set_progress_handler(interrupt, 1)
+    with group.joining(), pytest.raises(DeleaturError) as failed:
+        memory.remember("second", subject="alice")
+    conn.exec_trace = None
+    conn.set_progress_handler(None)
+    assert isinstance(failed.value.__context__, apsw.InterruptError) or isinstance(failed.value, apsw.InterruptError)
+    with group.joining(), pytest.raises(StoreError, match="enclosing transaction was rolled back"):
+        memory.remember("third", subject="alice")
+    with pytest.raises(apsw.Error):
+        group.commit()
+    assert memory.backend.log_size() == size
+    memory.remember("after", subject="alice")
+    assert [r.text for r in memory.list()] == ["after"]
+    assert memory.verify_log().ok
+
+
+def test_no_checkpoint_is_signed_inside_a_write_group(memory: Memory) -> None:
+    """The group may yet roll back: a checkpoint of its tree would sign a root the log
+    never had, so one asked for inside it (a receipt's), or outside it while it is open,
+    is refused; the group signs as it commits."""
+    record = memory.remember("signed", subject="alice")
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("grouped", subject="alice")
+        with pytest.raises(StoreError, match="checkpoint cannot be signed inside a group"):
+            memory.receipt(record.id)
+    with pytest.raises(StoreError, match="checkpoint cannot be signed inside a group"):
+        memory.checkpoint()
+    group.rollback()
+    assert memory.verify_log().ok
+
+
+def test_a_data_key_made_for_a_write_that_failed_in_a_group_is_collected(memory: Memory) -> None:
+    """A write refused after its subject's key was made (here: superseding a restricted
+    subject's value) leaves no key behind once its group ends, as outside a group."""
+    memory.remember("bob's value", subject="bob", key="slot")
+    memory.restrict("bob", reason="disputed", actor="dpo")
+    keys = memory.keys._conn
+
+    def data_keys() -> int:
+        (count,) = keys.execute("SELECT count(*) FROM data_keys").fetchall()[0]
+        assert isinstance(count, int)
+        return count
+
+    before = data_keys()
+    group = memory.write_group()
+    with group.joining(), pytest.raises(RestrictedSubjectError):
+        memory.remember("carol's value", subject="carol", key="slot")
+    assert data_keys() == before + 1  # made, and in use by nothing
+    group.commit()
+    assert data_keys() == before
+    assert not memory.keys.unsettled
+
+
+def test_queued_writes_whose_flush_committed_keep_their_outcome_whatever_fails_after(memory: Memory) -> None:
+    """The flush committed, then giving the handle back failed: the writes were made,
+    and are answered as made."""
+
+    async def on_store(work: Callable[[Memory], None]) -> None:
+        work(memory)
+        raise StoreError("the handle could not be given back")
+
+    async def run() -> list[object]:
+        groups = CommitGroups(on_store)
+        return await asyncio.gather(*(groups.write(partial(_remember, text=f"made {i}")) for i in range(3)))
+
+    made = asyncio.run(run())
+    assert sorted(r.text for r in made) == ["made 0", "made 1", "made 2"]  # type: ignore[attr-defined]
+    assert sorted(r.text for r in memory.list()) == ["made 0", "made 1", "made 2"]
+
+
+def test_a_busy_timeout_fails_only_the_writes_that_waited_it_out(memory: Memory) -> None:
+    """A flush that waited the whole busy timeout for a lock held elsewhere fails the
+    writes queued before it began; one queued while it waited gets a wait of its own."""
+    tries: list[int] = []
+
+    async def on_store(work: Callable[[Memory], None]) -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            later.append(asyncio.ensure_future(groups.write(partial(_remember, text="queued later"))))
+            await asyncio.sleep(0)
+            raise StoreBusyError("another process held the write lock for over 30 s")
+        work(memory)
+
+    groups: CommitGroups
+    later: list[asyncio.Future[object]] = []
+
+    async def run() -> tuple[BaseException | object, object]:
+        nonlocal groups
+        groups = CommitGroups(on_store)
+        first = await asyncio.gather(groups.write(partial(_remember, text="waited")), return_exceptions=True)
+        return first[0], await later[0]
+
+    first, second = asyncio.run(run())
+    assert isinstance(first, StoreBusyError)
+    assert getattr(second, "text", None) == "queued later"
+    assert [r.text for r in memory.list()] == ["queued later"]

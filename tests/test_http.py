@@ -51,7 +51,7 @@ from deleatur.servers.pool import HandlePool
 from deleatur.store.evidence import StoreEvidence
 from deleatur.store.sqlite import SQLiteBackend
 
-from .conftest import MASTER, Cli, store_files
+from .conftest import MASTER, Cli, FakeClock, store_files
 from .serving import (
     api_key,
     assert_refused_unechoed,
@@ -1302,6 +1302,39 @@ def test_writes_served_together_are_made_and_committed_in_one_transaction(
         signed = [size for (size,) in conn.execute("SELECT size FROM log_checkpoints WHERE size > ?", (start,))]
         assert min(signed) == start + 2 * writers  # each write and its call entry, signed once
         assert memory.verify_log().ok
+
+
+def test_a_server_that_goes_idle_signs_what_its_handle_left_unsigned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One handle signs at most once per checkpoint interval, so the last requests of a
+    burst may leave entries no checkpoint covers: once the interval has passed with no
+    write to sign them, the server signs them itself, and a verification from another
+    process (which signs nothing of another's) finds every entry covered."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    signed = threading.Event()
+    real = Memory.sign_pending
+
+    def watched(self: Memory) -> None:
+        real(self)
+        signed.set()
+
+    def opened() -> Memory:
+        # A clock that stands still: only the handle's first write is due to sign.
+        return Memory.open(tmp_path / "mem.db", from_bytes(MASTER), clock=FakeClock(), checkpoint_interval_us=50_000)
+
+    monkeypatch.setattr(Memory, "sign_pending", watched)
+    with serving(create_app(opened)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        for i in range(3):
+            assert http.post("/v1/memories", json={"text": f"burst {i}", "subject": "a"}).status_code == 201
+        assert http.get("/v1/memories/search", params={"q": "burst"}).status_code == 200
+        store = apsw.Connection(str(tmp_path / "mem.db"))
+        assert signed.wait(timeout=30), "the server never signed its tail"
+        entries = store.execute("SELECT count(*) FROM log_entries").fetchall()[0][0]
+        newest = store.execute("SELECT max(size) FROM log_checkpoints").fetchall()[0][0]
+        store.close()
+        assert newest == entries
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(

@@ -32,7 +32,7 @@ from .access.audit import AuditTrail
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.batch import AuditBatch, WriteGroup
-from .access.guard import Call, guarded, in_space, of_filter, of_scopes, of_user
+from .access.guard import Call, guarded, in_space, no_user, of_filter, of_scopes, of_user
 from .access.principals import Capability, Principal, Role
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
 from .crypto.keystore import _LENGTH, KeyStore, _frame
@@ -533,11 +533,14 @@ class Memory:
         # Nor in a write group, whose calls' keys are not settled before it commits.
         deferring = self._shared.deferred is not None or self._shared.group is not None
         if self.keys.unsettled and self._current is None and not deferring and not isinstance(error, StoreBusyError):
-            # Keys this call made for a write that did not commit (refused or failed under
-            # the lock) go now. With a lock held elsewhere they wait for a later call's end,
-            # or the next open.
-            with contextlib.suppress(StoreBusyError):
-                collect_unused_keys(self, self.keys.unsettled)
+            self._collect_unsettled_keys()
+
+    def _collect_unsettled_keys(self) -> None:
+        """Destroy the keys this handle made for writes that did not commit (refused or
+        failed under the lock). With a lock held elsewhere they wait for a later call's
+        end, or the next open."""
+        with contextlib.suppress(StoreBusyError):
+            collect_unused_keys(self, self.keys.unsettled)
 
     def _deny(self, message: str, missing: str) -> AccessDeniedError:
         return calls.deny(self, message, missing)
@@ -817,7 +820,7 @@ class Memory:
             raise StoreError("this store handle is closed: open the store again") from None
         self._current_signer()
 
-    @guarded("log.public_key", (V, R, W), audit=False)
+    @guarded("log.public_key", (V, R, W), no_user, audit=False)
     def public_key(self) -> Verifier:
         """The log's current verifier key, to hand to verifiers out of band."""
         signer = self._current_signer()
@@ -825,7 +828,7 @@ class Memory:
             raise self._no_signer()
         return signer.verifier
 
-    @guarded("log.keys", (V, R, W), audit=False)
+    @guarded("log.keys", (V, R, W), no_user, audit=False)
     def signing_keys(self) -> builtins.list[dict[str, Any]]:
         """Every key the log announced, oldest first (the store's own view: pin one)."""
         current = None if self.log.signer is None else self.log.signer.verifier.vkey
@@ -834,7 +837,7 @@ class Memory:
             for key_id, vkey, index, _ in self.backend.signing_keys()
         ]
 
-    @guarded("log.keys", (V, R, W), audit=False)
+    @guarded("log.keys", (V, R, W), no_user, audit=False)
     def announced_keys(self) -> builtins.list[Verifier]:
         """The verifiers of every key the log announced (unpinned checks trust these)."""
         return self.log.verifiers()
@@ -990,6 +993,14 @@ class Memory:
             f"cosignature by {witness.name} does not verify for any of the latest {len(candidates):,} checkpoints"
             f" (the latest is of size {candidates[0][0]}); if the witness cosigned an older one, give its size"
         )
+
+    @property
+    def unsigned(self) -> bool:
+        """Whether this handle has entries to sign: it appended entries that no checkpoint
+        covers yet, and holds the log's signing key. Its next write signs them once its
+        checkpoint interval has passed, as do :meth:`sign_pending` and ``close()``; until
+        then `log verify` finds them uncovered."""
+        return self._shared.unsigned and self.log.signer is not None
 
     @guarded("log.sign", V, audit=False)
     def sign_pending(self) -> None:

@@ -240,29 +240,40 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.execute("ROLLBACK").fetchall()
+        _rollback(conn)
         raise
     try:
         conn.execute("COMMIT").fetchall()
     except BaseException:
         # A commit that failed (a full disk, an I/O error) may leave the transaction
         # open, and every later BEGIN on the connection failing with it.
-        if not conn.getautocommit():
-            conn.execute("ROLLBACK").fetchall()
+        _rollback(conn)
         raise
+
+
+def _rollback(conn: apsw.Connection) -> None:
+    # Some errors (a full disk, an interrupt) make SQLite roll the whole transaction
+    # back itself: a ROLLBACK then would fail, and hide the error that caused it.
+    if not conn.getautocommit():
+        conn.execute("ROLLBACK").fetchall()
 
 
 @contextmanager
 def savepoint(conn: apsw.Connection) -> Iterator[None]:
     """A transaction inside the connection's open write transaction: it takes no lock,
-    and undoes only its own changes if the block raises."""
+    and undoes only its own changes if the block raises. Refused (StoreError) if no
+    transaction is open: SQLite rolled the outer one back itself (after a full disk, an
+    interrupt), and a savepoint would then begin, and its release commit, one of its own."""
+    if conn.getautocommit():
+        raise StoreError("the enclosing transaction was rolled back (by an error before this one): nothing was written")
     conn.execute("SAVEPOINT deleatur").fetchall()
     try:
         yield
     except BaseException:
-        # ROLLBACK TO keeps the savepoint open (and the outer transaction with it).
-        conn.execute("ROLLBACK TO deleatur").fetchall()
-        conn.execute("RELEASE deleatur").fetchall()
+        if not conn.getautocommit():  # else the whole transaction is gone, and the error says why
+            # ROLLBACK TO keeps the savepoint open (and the outer transaction with it).
+            conn.execute("ROLLBACK TO deleatur").fetchall()
+            conn.execute("RELEASE deleatur").fetchall()
         raise
     conn.execute("RELEASE deleatur").fetchall()
 

@@ -17,12 +17,14 @@ committed and signed once, and again no call answered before the commit.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import DeleaturError, StoreError
 from ..log.entries import Entry
+from ..sqlitefile import first_try
 from . import calls
 
 if TYPE_CHECKING:
@@ -174,6 +176,7 @@ class WriteGroup:
         after, self._after, self._undo = self._after, [], []
         for work in after:
             work()
+        self._collect_keys()
 
     def rollback(self) -> None:
         """Undo every call's writes: their callers must get an error, not an answer."""
@@ -194,3 +197,13 @@ class WriteGroup:
         undo, self._after, self._undo = self._undo, [], []
         for work in undo:
             work()
+        self._collect_keys()
+
+    def _collect_keys(self) -> None:
+        """The data keys made for calls whose records did not commit go, as they would at
+        a call's end outside a group; never with a long wait for a lock (a first try's).
+        If that fails (a lock held elsewhere), they wait for a later call's end, or the
+        next open: the group has ended either way, and its outcome stands."""
+        if self.memory.keys.unsettled:
+            with first_try(), contextlib.suppress(DeleaturError):
+                self.memory._collect_unsettled_keys()

@@ -42,6 +42,12 @@ def tenant_wide(_memory: object, _args: tuple[Any, ...], _kwargs: Mapping[str, A
     return None
 
 
+def no_user(_memory: object, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> tuple[()]:
+    """Public material (the log's verifier keys): it reaches no user, so any key's scopes
+    cover it, as any verifier may be handed it out of band."""
+    return ()
+
+
 def in_space(_memory: object, _args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str]:
     space = kwargs.get("space", DEFAULT_SPACE)
     return (space.user_id if isinstance(space, Space) else "",)

@@ -22,7 +22,9 @@ keeps gathering. Each write is answered once the flush has committed, or gets it
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,8 +53,10 @@ class Alone:
 class _Write(Generic[T]):
     call: Callable[[Memory], T]
     done: asyncio.Future[None]
+    queued_at: float = field(default_factory=time.monotonic)
     value: T | Alone | None = None
     error: BaseException | None = None
+    settled: bool = False  # its outcome is final: its flush committed, or failed
 
     def make(self, memory: Memory) -> None:
         """Make the write, keeping what it returned or raised."""
@@ -196,11 +200,20 @@ class CommitGroups:
         try:
             while self._queue:
                 flushed: list[_Write[Any]] = []
+                began = time.monotonic()
                 try:
                     await self._on_store(partial(self._make, flushed=flushed))
                 except Exception as exc:
-                    # Made on the handle, and refused or failed: never committed.
-                    failed = flushed or self._take()
+                    if flushed:
+                        # Taken and made, then rolled back: never committed (unless the
+                        # commit went through, and what failed came after it).
+                        failed = [write for write in flushed if not write.settled]
+                    elif isinstance(exc, StoreBusyError):
+                        # A lock held elsewhere past the busy timeout: for the writes queued
+                        # before this flush began to wait for it. Later ones wait on.
+                        failed = self._take(queued_by=began)
+                    else:
+                        failed = self._take()
                     for write in failed:
                         write.value, write.error = None, exc
                     self._settle(failed)
@@ -210,9 +223,11 @@ class CommitGroups:
                 for write in self._take():
                     write.done.cancel()
 
-    def _take(self) -> list[_Write[Any]]:
+    def _take(self, *, queued_by: float = math.inf) -> list[_Write[Any]]:
+        """The writes queued (by ``queued_by``, a ``time.monotonic()``), out of the queue."""
         with self._queued:
-            taken, self._queue = self._queue, []
+            taken = [write for write in self._queue if write.queued_at <= queued_by]
+            self._queue = [write for write in self._queue if write.queued_at > queued_by]
         return taken
 
     def _make(self, memory: Memory, *, flushed: list[_Write[Any]]) -> None:
@@ -238,8 +253,9 @@ class CommitGroups:
         self._settle(flushed)
 
     def _settle(self, writes: list[_Write[Any]]) -> None:
-        if self._loop is not None:
-            for write in writes:
+        for write in writes:
+            write.settled = True
+            if self._loop is not None:
                 # From a worker thread too: the futures belong to the loop.
                 self._loop.call_soon_threadsafe(_resolve, write.done)
 

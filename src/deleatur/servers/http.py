@@ -757,6 +757,7 @@ def create_app(
         may wait long for other connections (finishing a dead erasure's key destruction)
         is done in a thread that waits as long as it must."""
         give_up = time.monotonic() + sqlitefile.BUSY_TIMEOUT_MS / 1000
+        loop = asyncio.get_running_loop()
 
         def run() -> T:
             with pool.lease() as memory, long_reads.serving(memory):
@@ -764,7 +765,11 @@ def create_app(
                     # If a lock held elsewhere refuses this, the try changed nothing, and
                     # is made again later.
                     groups.write_open(memory)
-                return work(memory)
+                try:
+                    return work(memory)
+                finally:
+                    if memory.unsigned and handles == 1:
+                        loop.call_soon_threadsafe(sign_tail_later, memory.checkpoint_interval_us / 1e6)
 
         def tried() -> T | _Refused:
             return _first_try(run)
@@ -822,6 +827,26 @@ def create_app(
 
     # Made after serve and on_store, which use it (as closures do, once called).
     groups = CommitGroups(lambda commit: on_store(commit, inline=True, grouped=True)) if handles == 1 else None
+    tail: list[asyncio.Task[None]] = []  # the signing of the handle's tail, while one is due
+
+    def sign_tail_later(delay: float) -> None:
+        """Once a call has left entries unsigned on the (one) handle: sign them when its
+        checkpoint interval has passed, unless a write has by then. So a server that goes
+        idle leaves no tail for `log verify` to find uncovered (which the handle's next
+        write, or its close, would otherwise sign, however long that takes)."""
+        if not tail:
+            tail.append(asyncio.ensure_future(sign_tail(delay)))
+
+    async def sign_tail(delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+            # The operator's own handle: sign_pending is not audited, and signs only if
+            # the handle still has entries no checkpoint covers.
+            await on_store(lambda memory: memory.sign_pending(), inline=True)
+        except DeleaturError:
+            pass  # a lock held past the busy timeout: the next call schedules it again
+        finally:
+            tail.clear()
 
     async def unproved(request: Request) -> JSONResponse | None:
         """The answer to a request refused before its call (a URL or a body it would

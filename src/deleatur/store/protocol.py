@@ -310,7 +310,9 @@ class Backend(Protocol):
         ...
 
     def put_checkpoint(self, size: int, note: str, *, replace: bool) -> None:
-        """Store a signed checkpoint; ``replace`` only to add signatures to the same tree."""
+        """Store a signed checkpoint; ``replace`` only to add signatures to the same tree.
+        Refused inside a nested transaction (a write group's savepoint): the group may yet
+        roll back the tree it would sign."""
         ...
 
     def checkpoint(self, size: int | None = None) -> tuple[int, str] | None:
@@ -343,7 +345,9 @@ class Backend(Protocol):
 
     def scrub_after_commit(self) -> None:
         """Inside a transaction that removes or rewrites data: mark the store until a
-        scrub succeeds, so that if the process dies before it, the next open scrubs."""
+        scrub succeeds, so that if the process dies before it, the next open scrubs.
+        Refused inside a nested transaction (a write group's savepoint), whose commit
+        comes after the removal's call has returned, with no scrub."""
         ...
 
     def erased_accounts(self) -> list[tuple[str, list[str]]] | None:

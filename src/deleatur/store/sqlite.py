@@ -909,6 +909,9 @@ class SQLiteBackend:
         ]
 
     def put_checkpoint(self, size: int, note: str, *, replace: bool) -> None:
+        if self._depth > 1:
+            # A write group signs as it commits, in its own transaction (depth 1).
+            raise StoreError("a checkpoint cannot be signed inside a group of writes, which may yet roll back")
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         self._conn.execute(f"{verb} INTO log_checkpoints(size, note) VALUES (?, ?)", (size, note))
 
