@@ -122,6 +122,21 @@ def test_one_changed_byte_in_any_field_fails(erased: tuple[Memory, dict[str, Any
         assert "signature" in failed or "format" in failed, (path, failed)
 
 
+def test_a_signature_spelled_another_way_in_base64_fails(erased: tuple[Memory, dict[str, Any], Note]) -> None:
+    """The last base64 character of a 64-byte signature carries 4 unused bits: flipping one
+    decodes to the same bytes, but the document is not the one issued, and only the
+    canonical spelling passes."""
+    memory, cert, _ = erased
+    signature = cert["signature"]
+    assert isinstance(signature, str) and signature.endswith("==")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = signature[-3]
+    forged = copy.deepcopy(cert)
+    forged["signature"] = signature[:-3] + alphabet[alphabet.index(last) ^ 1] + "=="
+    assert base64.b64decode(forged["signature"]) == base64.b64decode(signature)
+    assert "format" in _verify(memory, forged)
+
+
 def test_the_issue_time_is_signed(erased: tuple[Memory, dict[str, Any], Note]) -> None:
     memory, cert, _ = erased
     forged = copy.deepcopy(cert)

@@ -12,6 +12,7 @@ from pathlib import Path
 import apsw
 import pytest
 
+from deleatur.ids import is_record_id
 from deleatur.memory import keystore_path
 from deleatur.model import check_who
 
@@ -157,6 +158,15 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("recall", "bad \udcff"), None, "query is not valid UTF-8"),
         (("recall", "x", "--limit", "0"), None, "limit must be between"),
         (("--tenant", "", "recall", "x"), None, "tenant must not be empty"),
+        (("--store", "", "list"), None, "--store must name the store's file"),
+        # A name from the command line is quoted with its control characters as codes.
+        (("verify", "\x1b[31mX\ny"), None, "cannot read \\x1b[31mX\\ny: No such file"),
+        (("remember", "t", "-s", "a", "--metadata", '{"a": "\x01"}'), None, "Invalid control character at position 7"),
+        (
+            ("erase", "alice", "--request-id", "R", "--basis", "b", "--dry-run", "--confirm", "a-token"),
+            None,
+            "a dry run takes no confirmation token",
+        ),
         (("remember", "t", "-s", "a", "--metadata", "[" * 5000 + "]" * 5000), None, "nested more than 32 levels"),
         (("remember", "t", "-s", "a", "--metadata", '{"n": ' + "7" * 5000 + "}"), None, "integer of more than"),
         (("list", "--limit", str(2**63)), None, "limit must be an integer from 1 to"),
@@ -266,6 +276,7 @@ def test_unusable_paths_and_names_exit_2_in_one_line(cli: Cli, store: Path, tmp_
         (("--store", str(a_file / "x.db"), "init"), f"{a_file} is not a directory"),
         (("--store", str(a_file / "sub" / "x.db"), "init"), f"cannot create directory {a_file / 'sub'}: Not a dir"),
         (("witness", "init", "--state", str(tmp_path / "w.db"), "--name", "a b"), "witness name: key name 'a b'"),
+        (("witness", "init", "--state", str(tmp_path / "w.db"), "--name", "w\x1b[31m"), "or control characters"),
     ]
     if Path("/proc/self").is_dir():  # Linux: no file can be made there, not even by root
         cases.append((("--store", "/proc/x.db", "init"), "cannot create files in directory /proc: No such file"))
@@ -275,6 +286,21 @@ def test_unusable_paths_and_names_exit_2_in_one_line(cli: Cli, store: Path, tmp_
         assert (code, out) == (2, ""), (args, err)
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (args, err)
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full, a file no write fits in")
+def test_a_receipt_that_cannot_be_written_after_its_record_says_the_record_was(cli: Cli, store: Path) -> None:
+    """Only the write itself finds that the disk is full, after the record committed: the
+    id is printed, and the error says the record was written and how to get its receipt,
+    so that no one writes it again."""
+    code, out, err = cli("remember", "Ann's note", "-s", "Ann", "--receipt", "/dev/full")
+    record_id = out.strip()
+    assert code == 1 and is_record_id(record_id)
+    assert err == (
+        f"error: the record {record_id} was written, but not its receipt: cannot write /dev/full: No space left"
+        f" on device; get it with `deleatur receipt {record_id} --out FILE`\n"
+    )
+    assert [r["id"] for r in json.loads(cli("list", "--subject", "Ann", "--json")[1])] == [record_id]
 
 
 def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:
@@ -319,6 +345,12 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
     assert b"not valid UTF-8" in bad.stderr
     listed = subprocess.run([DELEATUR, "list", "--json"], env=env, capture_output=True, check=True)
     assert [r["text"] for r in json.loads(listed.stdout)] == ["é from stdin"]
+    if Path("/dev/full").exists():  # Linux: a file no write fits in, as a full disk
+        with open("/dev/full", "wb") as full:
+            command = [str(DELEATUR), "list", "--json"]
+            unwritten = subprocess.run(command, env=env, stdout=full, stderr=subprocess.PIPE, check=False)
+        assert unwritten.returncode == 1
+        assert unwritten.stderr == b"error: cannot write the output: No space left on device\n"
 
 
 def test_the_command_line_loads_no_server_until_one_is_served() -> None:

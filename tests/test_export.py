@@ -7,6 +7,7 @@ import io
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,29 @@ def test_a_csv_export_goes_into_the_current_directory_or_through_a_symlink(
     populated.export_csv(tmp_path / "link", subject="Alice")
     assert (tmp_path / "link").is_symlink() and len(list(real.iterdir())) == 7
     assert stat.S_IMODE(real.stat().st_mode) == 0o700
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_json_export_goes_through_a_symlink_and_into_a_pipe(cli: Cli, tmp_path: Path) -> None:
+    """A file written whole goes through a new file renamed over it: a symbolic link is
+    followed to the file it names, not replaced; a pipe (or a device, /dev/stdout) is
+    written into, not replaced by a file that no reader would ever open."""
+    assert cli("init")[0] == 0
+    assert cli("remember", "Alice likes tea", "--subject", "Alice")[0] == 0
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("an earlier export")
+    link.symlink_to(real)
+    assert cli("export", "--subject", "Alice", "--out", str(link))[0] == 0
+    assert link.is_symlink() and json.loads(real.read_text())["records"][0]["text"] == "Alice likes tea"
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(pipe.read_text()), daemon=True)
+    reader.start()
+    code = cli("export", "--subject", "Alice", "--out", str(pipe))[0]
+    reader.join(timeout=30)
+    assert code == 0 and stat.S_ISFIFO(pipe.lstat().st_mode)
+    assert json.loads(read[0])["records"][0]["text"] == "Alice likes tea"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 

@@ -399,3 +399,25 @@ def test_a_verifier_beside_a_writer_verifies_as_of_the_checkpoint_it_signed(stor
             assert verifier.verify_audit(size=size).ok
             with pytest.raises(NotFoundError):
                 verifier.verify_log(size=size + 1)
+
+
+def test_a_verification_leaves_an_uncovered_tail_as_it_found_it(store_path: Path, clock: object) -> None:
+    """A writer that stopped before signing (a crash) leaves a tail no checkpoint covers.
+    Every verification reports it, the second as the first: verifying writes nothing, and
+    a handle that wrote nothing signs nothing as it closes. The next write signs it."""
+    from .conftest import FakeClock
+
+    assert isinstance(clock, FakeClock)
+    writer = Memory.open(store_path, from_bytes(MASTER), clock=clock, create=True, checkpoint_interval_us=100_000)
+    writer.new_signing_key()
+    writer.remember("signed", subject="a")
+    writer.remember("within the interval: left unsigned", subject="a")
+    writer.keys.close()  # the process dies: no close(), no signing
+    writer.backend.close()
+    for _ in range(2):
+        with Memory.open(store_path, from_bytes(MASTER), clock=clock) as verifier:
+            assert [c.name for c in verifier.verify_log().failed] == ["coverage"]
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock) as later:
+        later.remember("a later write signs the log to its end", subject="b")
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock) as verifier:
+        assert verifier.verify_log().ok

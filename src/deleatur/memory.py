@@ -445,8 +445,12 @@ class Memory:
             return
         if self._shared.group is not None:
             self._shared.group.rollback()  # its calls were never answered
-        if self._current_signer() is not None:
-            self._checkpoint()  # no entry this handle wrote is left without a signed checkpoint
+        if self._shared.unsigned and self._current_signer() is not None:
+            # No entry this handle wrote is left without a signed checkpoint (which covers
+            # the log to its end). A handle that wrote nothing signs nothing: a tail another
+            # connection left stays for verification to find, and a verification (which
+            # writes nothing) leaves the store as it found it, its verdict repeatable.
+            self._checkpoint()
         self.keys.close()
         self.backend.close()
 

@@ -352,9 +352,14 @@ def _json_or_refused(parse: Callable[[], Any], what: str) -> Any:
     try:
         return parse()
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{what} is not JSON: {exc.msg} at position {exc.pos}") from None
+        raise InvalidInputError(f"{what} is not JSON: {_where(exc)}") from None
     except (ValueError, RecursionError):  # not UTF-8, an integer too long to convert, or nesting too deep
         raise InvalidInputError(f"{what} is not JSON deleatur can read") from None
+
+
+def _where(exc: json.JSONDecodeError) -> str:
+    # json's messages end in "at" ("Unterminated string starting at"), its position apart.
+    return f"{exc.msg.removesuffix(' at')} at position {exc.pos}"
 
 
 def utf8_text(data: bytes, what: str) -> str:
@@ -369,7 +374,7 @@ def parse_metadata(raw: str) -> dict[str, Any]:
     try:
         value = loads_unique(raw, "metadata")
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise InvalidInputError(f"metadata is not valid JSON: {_where(exc)}") from None
     except RecursionError:
         # Deeper than the parser's stack, so far past what validate_metadata allows.
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None

@@ -20,7 +20,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
-from ..errors import DeleaturError, StoreError
+from ..errors import DeleaturError, InvalidInputError, StoreError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import access as _access_commands  # noqa: F401  (registers principals, audit, whoami)
@@ -142,14 +142,21 @@ def remember(
             expires_at=expires_at,
             for_legal_claim=for_legal_claim,
         )
-        if receipt_file is not None:
-            write_output(
-                receipt_file, json.dumps(memory.receipt(record.id, space=record.space).to_json(), indent=2) + "\n"
-            )
+        receipt = None if receipt_file is None else memory.receipt(record.id, space=record.space)
     if as_json:
         emit(record.to_json())
     else:
         out.print(record.id)
+    if receipt_file is not None and receipt is not None:
+        try:
+            write_output(receipt_file, json.dumps(receipt.to_json(), indent=2) + "\n")
+        except InvalidInputError as exc:
+            # The record is written (its id is printed above): not bad input, and not to be
+            # written again by a retry; its receipt can be had again.
+            raise DeleaturError(
+                f"the record {record.id} was written, but not its receipt: {exc}; get it with"
+                f" `deleatur receipt {record.id} --out FILE`"
+            ) from None
 
 
 @app.command()
@@ -320,6 +327,15 @@ def main() -> None:
             raise
         # The message of an unexpected error may quote data; the type name never does.
         _fail(f"internal error ({type(exc).__name__}); set DELEATUR_DEBUG=1 for details", 1)
+    try:
+        # What standard output still buffers (all of a short listing) is written here, so
+        # that a full disk or a reader gone is told as such (a longer output meets it
+        # while the command runs: an internal error, as any OSError there).
+        sys.stdout.flush()
+    except OSError as exc:
+        # Nothing of it is to be flushed again as the process exits.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _fail(f"cannot write the output: {exc.strerror}", 1)
     # Out of standalone mode, typer.Exit(code) (a failed verification, Ctrl-C's 130)
     # comes back as the return value instead of ending the process.
     if isinstance(status, int) and status:

@@ -78,6 +78,8 @@ def _global(
         ),
     ] = None,
 ) -> None:
+    if store is not None and not store.name:  # "" (which reads as ".") or "."
+        raise InvalidInputError("--store must name the store's file, e.g. memory.db (it was empty, or '.')")
     Options.store = store or _default_store()
     Options.api_key = api_key
     Options.tenant = tenant
@@ -147,8 +149,11 @@ def add_row(table: Table, *values: str) -> None:
 
 
 def print_error(message: str) -> None:
-    """An error as every command reports one: a line on stderr, printed as given."""
-    err.print(f"error: {message}", markup=False, highlight=False)
+    """An error as every command reports one: a line on stderr. What it quotes of the
+    caller's input (a file name, say) is shown as stored text is, its control characters
+    as their codes: an escape sequence in it would run in the terminal, a line break
+    split the line."""
+    err.print(f"error: {visible(message)}", markup=False, highlight=False)
 
 
 def emit(payload: Any) -> None:

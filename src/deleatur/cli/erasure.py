@@ -85,7 +85,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         )
     for space, n in plan.per_space().items():
         out.print(f"  {visible(space)}: {n}", markup=False)
-    out.print(f"data keys destroyed: {plan.keys_destroyed}", markup=False)
+    out.print(f"data keys to destroy: {plan.keys_destroyed}", markup=False)
     if plan.kept_elsewhere:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
     if plan.outside_lineage:
@@ -228,7 +228,7 @@ def requests(as_json: JsonOpt = False) -> None:
 
 @app.command()
 def certificate(
-    request_id: RequestIdOpt,
+    request_id: Annotated[str, typer.Option("--request-id", help="The erasure request's id.")],
     out_file: Annotated[Path | None, typer.Option("--out", "-o", help="Write the certificate here.")] = None,
 ) -> None:
     """A portable erasure certificate, verifiable offline with the public key alone."""

@@ -332,6 +332,11 @@ def erase(
 
     if issue_token and not dry_run:
         raise InvalidInputError(DRY_RUN_FIRST, request_id=request_id)
+    if dry_run and confirmation is not None:
+        raise InvalidInputError(
+            "a dry run takes no confirmation token: it changes nothing, and the token confirms the erasure after it",
+            request_id=request_id,
+        )
     if dry_run:
         plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None

@@ -26,8 +26,6 @@ to the store's files. It runs these checks, in order:
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,7 +37,7 @@ from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
 from ..log.keychain import KeyChain, key_entry_proofs, proven_key_chain, unproven_hint
 from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
-from ..log.note import Note, NoteError, Verifier, check_key_name, describe, parse_verifier, signers_of
+from ..log.note import Note, NoteError, Verifier, b64decode, check_key_name, describe, parse_verifier, signers_of
 from ..log.report import Report
 from ..model import check_tenant, loads_document
 from ..store.evidence import StoreEvidence
@@ -82,9 +80,9 @@ def _b64(value: Any, name: str) -> bytes:
     if not isinstance(value, str):
         raise _Invalid(f"{name} is not {_KINDS[str]}")
     try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise _Invalid(f"{name} is not valid base64") from None
+        return b64decode(value, name)
+    except NoteError as exc:
+        raise _Invalid(exc.message) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Self
@@ -36,8 +37,10 @@ class NoteError(DeleaturError):
 
 
 def check_key_name(name: str) -> str:
-    if not name or any(ch.isspace() or ch == "+" for ch in name):
-        raise NoteError(f"key name {name!r} must be non-empty with no spaces or '+'")
+    # No control characters either: a name is printed (an escape sequence in one would
+    # run in the terminal of whoever lists the keys), and a line break would split a note.
+    if not name or any(ch.isspace() or ch == "+" or unicodedata.category(ch) == "Cc" for ch in name):
+        raise NoteError(f"key name {name!r} must be non-empty with no spaces, '+' or control characters")
     return name
 
 
@@ -47,10 +50,16 @@ def key_id(name: str, sig_type: int, public_key: bytes) -> bytes:
 
 
 def b64decode(value: str, what: str) -> bytes:
+    """Standard base64, strictly: only its canonical form, so that one value has one
+    encoding (Python, like Go, otherwise ignores the unused low bits of the last
+    character, and a changed document would read as the same one)."""
     try:
-        return base64.b64decode(value, validate=True)
+        raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise NoteError(f"{what} is not valid base64") from None
+    if base64.b64encode(raw).decode("ascii") != value:
+        raise NoteError(f"{what} is not canonical base64")
+    return raw
 
 
 def raw_public(key: Ed25519PublicKey) -> bytes:

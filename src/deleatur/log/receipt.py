@@ -19,7 +19,7 @@ from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .keychain import KeyChain, LogSource, unproven_hint
 from .merkle import ProofError, leaf_hash, verify_inclusion
-from .note import Note, NoteError, Verifier, describe, open_note, signers_of
+from .note import Note, NoteError, Verifier, b64decode, describe, open_note, signers_of
 from .report import Report
 from .tlogproof import TlogProof
 
@@ -65,7 +65,7 @@ class Receipt:
         if not isinstance(entry, str) or not isinstance(proof, str):
             raise ReceiptError("receipt is malformed: entry and tlog_proof must be strings")
         try:
-            return cls(record_id=record_id, entry=base64.b64decode(entry, validate=True), proof=TlogProof.parse(proof))
+            return cls(record_id=record_id, entry=b64decode(entry, "entry"), proof=TlogProof.parse(proof))
         except ValueError as exc:
             raise ReceiptError(f"receipt is malformed: {exc}") from None
         except NoteError as exc:

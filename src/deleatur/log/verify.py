@@ -21,13 +21,12 @@ Nothing here needs a private key.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Iterable, Iterator
 
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .merkle import CompactRange, ProofError, leaf_hash, verify_consistency
-from .note import Note, NoteError, Verifier, describe, signers_of
+from .note import Note, NoteError, Verifier, b64decode, describe, signers_of
 from .report import Report
 from .retention import AnchorChecker, pruned_leaf
 from .tlog import rotation_message
@@ -50,8 +49,8 @@ def announce_key(entry: Entry, index: int, keys: list[tuple[int, Verifier]]) -> 
         if entry.fields.get("previous") != previous.vkey or not isinstance(endorsement, str):
             return f"key entry {index} is not endorsed by the key it replaces"
         try:
-            endorsed = previous.verify_bytes(rotation_message(vkey), base64.b64decode(endorsement, validate=True))
-        except ValueError:
+            endorsed = previous.verify_bytes(rotation_message(vkey), b64decode(endorsement, "endorsement"))
+        except NoteError:
             endorsed = False
         if not endorsed:
             return f"key entry {index}: the endorsement by the previous key does not verify"

@@ -101,12 +101,20 @@ def _private(path: Path) -> TextIO:
 @contextmanager
 def private_output(path: Path) -> Iterator[TextIO]:
     """Write ``path`` whole or not at all, readable by its owner only: the text goes to a
-    new file beside it, renamed over ``path`` once the writing succeeded."""
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    new file beside it, renamed over ``path`` once the writing succeeded. A symbolic link
+    is followed: the file it names is the one written. What is not a regular file (a
+    pipe, a device such as /dev/stdout) is written into as it is, since renaming a file
+    over it would replace it, not write to it."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        with open(target, "w", newline="", encoding="utf-8") as handle:
+            yield handle
+        return
+    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     try:
         with _private(partial) as handle:
             yield handle
-        os.replace(partial, path)
+        os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
 
