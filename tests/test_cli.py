@@ -12,6 +12,7 @@ from pathlib import Path
 import apsw
 import pytest
 
+from deleatur import Memory, StoreBusyError
 from deleatur.ids import is_record_id
 from deleatur.memory import keystore_path
 from deleatur.model import check_who
@@ -301,6 +302,24 @@ def test_a_receipt_that_cannot_be_written_after_its_record_says_the_record_was(c
         f" on device; get it with `deleatur receipt {record_id} --out FILE`\n"
     )
     assert [r["id"] for r in json.loads(cli("list", "--subject", "Ann", "--json")[1])] == [record_id]
+
+
+def test_a_receipt_refused_after_its_record_committed_says_the_record_was(
+    cli: Cli, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receipt logs and signs in a transaction of its own, after the record's: a lock
+    held elsewhere past the busy timeout refuses it with 'nothing was changed', which must
+    not be what the caller is told of the record."""
+
+    def refused(self: Memory, record_id: str, **_: object) -> object:
+        raise StoreBusyError("another process held the write lock; nothing was changed: try again")
+
+    monkeypatch.setattr(Memory, "receipt", refused)
+    code, out, err = cli("remember", "Ann's note", "-s", "Ann", "--receipt", str(tmp_path / "r.json"))
+    record_id = out.strip()
+    assert code == 1 and is_record_id(record_id)
+    assert err.startswith(f"error: the record {record_id} was written, but not its receipt: another process held")
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_newer_schema_is_refused(cli: Cli, store: Path) -> None:

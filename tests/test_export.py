@@ -7,7 +7,6 @@ import io
 import json
 import os
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -243,26 +242,25 @@ def test_a_csv_export_goes_into_the_current_directory_or_through_a_symlink(
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
-def test_a_json_export_goes_through_a_symlink_and_into_a_pipe(cli: Cli, tmp_path: Path) -> None:
-    """A file written whole goes through a new file renamed over it: a symbolic link is
-    followed to the file it names, not replaced; a pipe (or a device, /dev/stdout) is
-    written into, not replaced by a file that no reader would ever open."""
+def test_a_json_export_is_refused_a_symbolic_link_or_a_pipe_and_written_into_a_device(cli: Cli, tmp_path: Path) -> None:
+    """An export is personal data in plaintext: a link or a pipe planted where the caller
+    said to write it would hand it to whoever planted it (a link was replaced by the new
+    file, and a pipe by a file no reader would open; a device too, /dev/full once). So a
+    link, a pipe or a socket is refused, before anything is written, and left as it was;
+    a device is written into."""
     assert cli("init")[0] == 0
     assert cli("remember", "Alice likes tea", "--subject", "Alice")[0] == 0
-    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real, link, pipe = tmp_path / "real.json", tmp_path / "link.json", tmp_path / "pipe"
     real.write_text("an earlier export")
     link.symlink_to(real)
-    assert cli("export", "--subject", "Alice", "--out", str(link))[0] == 0
-    assert link.is_symlink() and json.loads(real.read_text())["records"][0]["text"] == "Alice likes tea"
-    pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
-    read: list[str] = []
-    reader = threading.Thread(target=lambda: read.append(pipe.read_text()), daemon=True)
-    reader.start()
-    code = cli("export", "--subject", "Alice", "--out", str(pipe))[0]
-    reader.join(timeout=30)
-    assert code == 0 and stat.S_ISFIFO(pipe.lstat().st_mode)
-    assert json.loads(read[0])["records"][0]["text"] == "Alice likes tea"
+    for path, message in ((link, "is a symbolic link"), (pipe, "is not a regular file")):
+        code, out, err = cli("export", "--subject", "Alice", "--out", str(path))
+        assert (code, out) == (2, "") and message in err
+    assert link.is_symlink() and real.read_text() == "an earlier export"
+    assert stat.S_ISFIFO(pipe.lstat().st_mode)
+    assert cli("export", "--subject", "Alice", "--out", os.devnull)[0] == 0
+    assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 

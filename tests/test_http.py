@@ -19,7 +19,7 @@ from typing import Any
 import apsw
 import httpx
 import pytest
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from deleatur import (
     AccessDeniedError,
@@ -1335,6 +1335,43 @@ def test_a_server_that_goes_idle_signs_what_its_handle_left_unsigned(
         newest = store.execute("SELECT max(size) FROM log_checkpoints").fetchall()[0][0]
         store.close()
         assert newest == entries
+
+
+def test_a_server_that_stops_leaves_no_signing_of_its_tail_behind(tmp_path: Path) -> None:
+    """The signing of the tail, due a checkpoint interval after the last call, is called
+    off as the server stops (its handle's close signs instead): a task left to wake up
+    later would find the handles closed, in a loop that serves on (an embedding app's)."""
+    opener = new_store(tmp_path / "mem.db")
+    key = api_key(opener, Role.MEMBER)
+    app = create_app(opener)
+
+    async def run() -> set[asyncio.Task[Any]]:
+        lifespan: asyncio.Queue[Message] = asyncio.Queue()
+        events: asyncio.Queue[Message] = asyncio.Queue()
+        await lifespan.put({"type": "lifespan.startup"})
+        running = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, events.put))
+        assert (await events.get())["type"] == "lifespan.startup.complete"
+        body = json.dumps({"text": "the last write", "subject": "a"}).encode()
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+        scope = {"type": "http", "method": "POST", "path": "/v1/memories", "raw_path": b"/v1/memories"}
+        await app({**scope, "headers": headers, "query_string": b"", "http_version": "1.1"}, receive, send)
+        assert sent[0]["status"] == 201
+        await lifespan.put({"type": "lifespan.shutdown"})
+        assert (await events.get())["type"] == "lifespan.shutdown.complete"
+        await running
+        return {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}
+
+    assert asyncio.run(run()) == set()  # nothing left to wake up
+    with opener() as memory:
+        assert memory.verify_log().ok
 
 
 def test_a_lock_held_past_the_busy_timeout_is_a_503_and_changes_nothing(

@@ -20,7 +20,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
-from ..errors import DeleaturError, InvalidInputError, StoreError
+from ..errors import DeleaturError, StoreError
 from ..memory import Memory
 from ..model import Hit, Record, Space, parse_metadata
 from . import access as _access_commands  # noqa: F401  (registers principals, audit, whoami)
@@ -142,21 +142,22 @@ def remember(
             expires_at=expires_at,
             for_legal_claim=for_legal_claim,
         )
-        receipt = None if receipt_file is None else memory.receipt(record.id, space=record.space)
-    if as_json:
-        emit(record.to_json())
-    else:
-        out.print(record.id)
-    if receipt_file is not None and receipt is not None:
-        try:
-            write_output(receipt_file, json.dumps(receipt.to_json(), indent=2) + "\n")
-        except InvalidInputError as exc:
-            # The record is written (its id is printed above): not bad input, and not to be
-            # written again by a retry; its receipt can be had again.
-            raise DeleaturError(
-                f"the record {record.id} was written, but not its receipt: {exc}; get it with"
-                f" `deleatur receipt {record.id} --out FILE`"
-            ) from None
+        if as_json:
+            emit(record.to_json())
+        else:
+            out.print(record.id)
+        if receipt_file is not None:
+            try:
+                receipt = memory.receipt(record.id, space=record.space)
+                write_output(receipt_file, json.dumps(receipt.to_json(), indent=2) + "\n")
+            except DeleaturError as exc:
+                # The record is written (its id is printed above): not to be written again by a
+                # retry, whatever kept its receipt (a lock held elsewhere, a full disk); the
+                # receipt can be had again.
+                raise DeleaturError(
+                    f"the record {record.id} was written, but not its receipt: {exc.message}; get it with"
+                    f" `deleatur receipt {record.id} --out FILE`"
+                ) from None
 
 
 @app.command()

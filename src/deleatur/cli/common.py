@@ -78,8 +78,8 @@ def _global(
         ),
     ] = None,
 ) -> None:
-    if store is not None and not store.name:  # "" (which reads as ".") or "."
-        raise InvalidInputError("--store must name the store's file, e.g. memory.db (it was empty, or '.')")
+    if store is not None and not store.name:  # "" (which reads as "."), ".", "/"
+        raise InvalidInputError("--store must name the store's file, e.g. memory.db (it was empty, or a directory)")
     Options.store = store or _default_store()
     Options.api_key = api_key
     Options.tenant = tenant

@@ -43,6 +43,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -101,20 +102,28 @@ def _private(path: Path) -> TextIO:
 @contextmanager
 def private_output(path: Path) -> Iterator[TextIO]:
     """Write ``path`` whole or not at all, readable by its owner only: the text goes to a
-    new file beside it, renamed over ``path`` once the writing succeeded. A symbolic link
-    is followed: the file it names is the one written. What is not a regular file (a
-    pipe, a device such as /dev/stdout) is written into as it is, since renaming a file
-    over it would replace it, not write to it."""
-    target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file():
-        with open(target, "w", newline="", encoding="utf-8") as handle:
+    new file beside it, renamed over ``path`` once the writing succeeded. A device (such
+    as /dev/null) is written into, since renaming a file over it would replace it. A
+    symbolic link, a pipe or a socket is refused (InvalidInputError) before anything is
+    written: an export is personal data in plaintext, and one planted at the path the
+    caller named would hand it to whoever planted it, or elsewhere."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise InvalidInputError(f"{path} is a symbolic link: name the file itself (or no --out: standard output)")
+    if mode is not None and stat.S_ISCHR(mode):
+        with open(path, "w", newline="", encoding="utf-8") as handle:
             yield handle
         return
-    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise InvalidInputError(f"{path} is not a regular file (a pipe or a socket, say): name a file to write")
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     try:
         with _private(partial) as handle:
             yield handle
-        os.replace(partial, target)
+        os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
 

@@ -646,6 +646,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        for task in tail:  # the handle's close() signs what it would have
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         pool.close()
 
     app = FastAPI(
