@@ -292,6 +292,16 @@ def test_a_scoped_admin_grants_only_its_own_scopes(memory: Memory) -> None:
         assert denied.value.missing == "scope"
 
 
+@pytest.mark.parametrize("scope", ["\ud800", "u1\n", ""])
+def test_a_scope_that_is_no_user_id_is_refused_naming_it_and_audited(memory: Memory, scope: str) -> None:
+    """A scope is a user id: one with a lone surrogate (what Python makes of bytes that
+    are not UTF-8), a control character or nothing is refused as bad input, and its
+    refusal audited (the entry's token of a lone surrogate raised UnicodeEncodeError)."""
+    with pytest.raises(InvalidInputError, match="each item of scopes"):
+        memory.create_principal("bot", Role.VIEWER, scopes=[scope])
+    assert _last_call(memory).fields["outcome"] == "failed"
+
+
 def test_every_refused_api_key_is_audited_without_its_secret(memory: Memory, store_path: Path) -> None:
     principal, api_key = memory.create_principal("svc", Role.MEMBER)
     secret = split_api_key(api_key)[1]

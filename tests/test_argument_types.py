@@ -502,3 +502,14 @@ def test_a_dry_run_flag_that_is_not_a_bool_erases_nothing(memory: Memory) -> Non
     with pytest.raises(InvalidInputError, match=r"^dry_run must be True or False$"):
         memory.erase("Alice", request_id="E-1", basis="b", requester="r", dry_run=None)  # type: ignore[arg-type]
     assert memory.get(record.id).text == "kept"
+
+
+@pytest.mark.parametrize("path", ["m\x00.db", "m\ud800.db"])
+def test_a_path_no_file_system_can_hold_is_invalid_input(tmp_path: Path, path: str) -> None:
+    """It was the OS call's ValueError (a NUL byte) or UnicodeEncodeError (a lone
+    surrogate), not a DeleaturError naming the argument."""
+    with pytest.raises(InvalidInputError, match=r"^path (contains a NUL byte|is not valid UTF-8)$"):
+        Memory.init(str(tmp_path / path))
+    with pytest.raises(InvalidInputError, match=r"^path (contains a NUL byte|is not valid UTF-8)$"):
+        Memory.open(str(tmp_path / path), from_bytes(bytes(32)), create=True)
+    assert list(tmp_path.iterdir()) == []

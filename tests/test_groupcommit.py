@@ -347,3 +347,35 @@ def test_a_busy_timeout_fails_only_the_writes_that_waited_it_out(memory: Memory)
     assert isinstance(first, StoreBusyError)
     assert getattr(second, "text", None) == "queued later"
     assert [r.text for r in memory.list()] == ["queued later"]
+
+
+def test_a_write_group_is_used_once(memory: Memory, store_path: Path) -> None:
+    """A group that rolled back (by rollback(), or as its handle closed) cannot be
+    committed as if its calls' writes were stored; an ended group cannot be joined
+    again, nor a committed one rolled back."""
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("undone", subject="alice")
+    group.rollback()
+    with pytest.raises(StoreError, match="was rolled back: nothing its calls wrote was committed"):
+        group.commit()
+    with pytest.raises(StoreError, match="has rolled back: make a new one"), group.joining():
+        pass
+    committed = memory.write_group()
+    with committed.joining():
+        memory.remember("kept", subject="alice")
+    committed.commit()
+    committed.commit()  # nothing more to commit
+    with pytest.raises(StoreError, match="has committed: its calls' writes are stored"):
+        committed.rollback()
+    with pytest.raises(StoreError, match="has committed: make a new one"), committed.joining():
+        pass
+    assert [r.text for r in memory.list()] == ["kept"]
+    closing = Memory.open(store_path, from_bytes(MASTER))
+    left_open = closing.write_group()
+    with left_open.joining():
+        closing.remember("never committed", subject="bob")
+    closing.close()
+    with pytest.raises(StoreError, match="was rolled back"):
+        left_open.commit()
+    assert [r.text for r in memory.list()] == ["kept"]

@@ -886,20 +886,23 @@ def test_a_tail_no_checkpoint_covers_still_fails_the_servers_verification(tmp_pa
 
 def test_a_key_that_may_not_verify_is_refused_a_verification_as_of_a_size(tmp_path: Path) -> None:
     """The refusal is a 403, audited, with or without a size (it was a 500 with one:
-    its audit entry could not be written inside the verification's read snapshot)."""
+    its audit entry could not be written inside the verification's read snapshot), and
+    names the verification."""
     opener = new_store(tmp_path / "mem.db")
     headers = {"Authorization": f"Bearer {api_key(opener, Role.VIEWER)}"}
     with serving(create_app(opener)) as url, httpx.Client(base_url=url, headers=headers, timeout=30) as http:
         size = Checkpoint.parse(Note.parse(http.get("/v1/checkpoint").json()["checkpoint"]).text).size
-        for route in ("/v1/log/verify", "/v1/audit/verify"):
+        for route, action in (("/v1/log/verify", "log.verify"), ("/v1/audit/verify", "audit.verify")):
             for params in ({}, {"size": size}):
                 refused = http.get(route, params=params)
                 assert (refused.status_code, refused.json()["error"]["code"]) == (403, "access_denied"), params
+                # Named as the verification asked for (it was log.sign, the server's first step).
+                assert f"may not {action}: it needs the verify capability" in refused.json()["error"]["message"]
     with opener() as memory:
         denied = [
             e.entry.fields for e in memory.audit_entries(calls_only=True) if e.entry.fields["outcome"] == "denied"
         ]
-    assert len(denied) == 4
+    assert [d["action"] for d in denied] == ["log.verify", "log.verify", "audit.verify", "audit.verify"]
 
 
 def test_a_key_revoked_elsewhere_as_its_verification_begins_is_refused_not_failed(
@@ -1343,7 +1346,14 @@ def test_a_server_that_stops_leaves_no_signing_of_its_tail_behind(tmp_path: Path
     later would find the handles closed, in a loop that serves on (an embedding app's)."""
     opener = new_store(tmp_path / "mem.db")
     key = api_key(opener, Role.MEMBER)
-    app = create_app(opener)
+    # A clock that stands still: the handle's first write signs, the second leaves its
+    # entries for the tail's signing, an hour later.
+    hour = 3_600_000_000
+
+    def opened() -> Memory:
+        return Memory.open(tmp_path / "mem.db", from_bytes(MASTER), clock=FakeClock(), checkpoint_interval_us=hour)
+
+    app = create_app(opened)
 
     async def run() -> set[asyncio.Task[Any]]:
         lifespan: asyncio.Queue[Message] = asyncio.Queue()
@@ -1362,12 +1372,14 @@ def test_a_server_that_stops_leaves_no_signing_of_its_tail_behind(tmp_path: Path
 
         headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
         scope = {"type": "http", "method": "POST", "path": "/v1/memories", "raw_path": b"/v1/memories"}
-        await app({**scope, "headers": headers, "query_string": b"", "http_version": "1.1"}, receive, send)
-        assert sent[0]["status"] == 201
+        for _ in range(2):
+            await app({**scope, "headers": headers, "query_string": b"", "http_version": "1.1"}, receive, send)
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [201, 201]
+        assert {t.get_coro().__name__ for t in asyncio.all_tasks()} >= {"sign_tail"}  # type: ignore[union-attr]
         await lifespan.put({"type": "lifespan.shutdown"})
         assert (await events.get())["type"] == "lifespan.shutdown.complete"
         await running
-        return {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}
+        return {task for task in asyncio.all_tasks() if task.get_coro().__name__ == "sign_tail"}  # type: ignore[union-attr]
 
     assert asyncio.run(run()) == set()  # nothing left to wake up
     with opener() as memory:

@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import IntegrityError, Memory, NewMemory, NotFoundError, from_bytes
+from deleatur import IntegrityError, InvalidInputError, Memory, NewMemory, NotFoundError, from_bytes
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EntryError, EventType, commitment
 from deleatur.log.merkle import ProofError, verify_consistency
@@ -421,3 +421,15 @@ def test_a_verification_leaves_an_uncovered_tail_as_it_found_it(store_path: Path
         later.remember("a later write signs the log to its end", subject="b")
     with Memory.open(store_path, from_bytes(MASTER), clock=clock) as verifier:
         assert verifier.verify_log().ok
+
+
+def test_verify_receipt_refuses_arguments_of_the_wrong_type(memory: Memory) -> None:
+    receipt = memory.receipt(memory.remember("kept", subject="a").id)
+    key = memory.public_key()
+    with pytest.raises(InvalidInputError, match="receipt must be a Receipt"):
+        verify_receipt(receipt.to_json(), [key], pinned=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="trusted must be a list"):
+        verify_receipt(receipt, key, pinned=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="pinned must be True or False"):
+        verify_receipt(receipt, [key], pinned=1)  # type: ignore[arg-type]
+    assert verify_receipt(receipt, [key], pinned=True).ok

@@ -663,7 +663,7 @@ class Memory:
             raise self._no_signer()
         group = self._shared.group
         if group is not None and not group.joined:
-            raise StoreError("a write group is open on this store handle: commit it before writing outside it")
+            raise StoreError("a write group is open on this store handle: commit it before any call outside it")
         events: builtins.list[tuple[Entry, str | None]] = []
         call = self._current
         with self.backend.atomic():

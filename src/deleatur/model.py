@@ -437,10 +437,21 @@ def check_number(value: object, name: str) -> float:
 
 
 def check_path(value: object, name: str) -> Path:
-    """A file system path, given as a str or a path object alike, as ``open()`` takes one."""
+    """A file system path, given as a str or a path object alike, as ``open()`` takes one:
+    one no file system can hold (a NUL byte, text that is not UTF-8) is refused here,
+    naming the argument, not by the OS call that would raise ValueError or
+    UnicodeEncodeError."""
     if not isinstance(value, str | os.PathLike):
         raise InvalidInputError(f"{name} must be a path")
-    return Path(value)
+    path = Path(value)
+    text = str(path)
+    if "\0" in text:
+        raise InvalidInputError(f"{name} contains a NUL byte")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{name} is not valid UTF-8") from None
+    return path
 
 
 def validate_confidence(confidence: float | None) -> float | None:

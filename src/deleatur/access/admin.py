@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthenticationError, InvalidInputError, NotFoundError
-from ..model import check_items, check_tenant, check_type, erased_ref
+from ..model import check_items, check_name, check_tenant, check_type, erased_ref
 from .calls import deny, refused_key, system_entry
 from .principals import (
     Principal,
@@ -63,6 +63,8 @@ def create(
     if target != memory.tenant and not memory.principal.operator:
         raise deny(memory, "only the deployment operator may create principals in another tenant", "operator")
     wanted = None if scopes is None else frozenset(check_items(scopes, str, "scopes"))
+    for scope in wanted or ():
+        check_name(scope, "each item of scopes", allow_empty=False)
     if wanted is not None and not wanted:
         raise InvalidInputError("scopes, when given, must name at least one user id")
     if wanted is not None and any(isinstance(s, str) and erased_ref(s) is not None for s in wanted):

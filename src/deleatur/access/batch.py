@@ -104,9 +104,11 @@ class WriteGroup:
 
     The log's new entries are signed once, as the group commits (when this handle's
     checkpoint interval says so, as a single write's would be). While the group is open,
-    a call on the handle outside :meth:`joining` that writes is refused (StoreError), and
-    so, inside it, are removals (which must truncate the -wal after their own commit) and
-    read snapshots."""
+    any call on the handle outside :meth:`joining` is refused (StoreError), a read
+    included, since every call writes its audit entry; so, inside it, are removals (which
+    must truncate the -wal after their own commit) and read snapshots. A group is used
+    once: after it has committed or rolled back, joining it is refused, and so is
+    committing one that rolled back (whose calls' writes are gone)."""
 
     def __init__(self, memory: Memory) -> None:
         self.memory = memory
@@ -114,6 +116,7 @@ class WriteGroup:
         self._transaction: AbstractContextManager[None] | None = None
         self._after: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
+        self._ended: str | None = None  # "committed" or "rolled back"
 
     @property
     def open(self) -> bool:
@@ -124,11 +127,14 @@ class WriteGroup:
         """Begin the group's transaction, if it has not begun: it takes the write lock
         (StoreBusyError, having changed nothing, if another connection holds it)."""
         shared = self.memory._shared
+        if self._ended is not None:
+            raise StoreError(f"this write group has {self._ended}: make a new one (Memory.write_group())")
         if shared.reading:
             raise StoreError("a write group cannot begin inside a read snapshot")
         if shared.group is not None and shared.group is not self:
             raise StoreError("another write group is open on this store handle: commit it first")
         if self._transaction is None:
+            self.memory._refresh()  # a closed handle is refused as every call refuses it
             transaction = self.memory.backend.atomic()
             transaction.__enter__()
             self._transaction = transaction
@@ -155,10 +161,14 @@ class WriteGroup:
 
     def commit(self) -> None:
         """Sign the new entries if due, and commit. Raises what a failed commit raised,
-        having undone every call's writes."""
+        having undone every call's writes; StoreError if the group had rolled back (by
+        :meth:`rollback`, or as its handle closed), so its calls' writes are gone."""
+        if self._ended == "rolled back":
+            raise StoreError("this write group was rolled back: nothing its calls wrote was committed")
         transaction = self._transaction
         if transaction is None:
-            return
+            return  # it has committed, or nothing joined it
+        self._ended = "committed"
         try:
             signed = self.memory._sign_group()
         except BaseException as exc:
@@ -179,9 +189,13 @@ class WriteGroup:
         self._collect_keys()
 
     def rollback(self) -> None:
-        """Undo every call's writes: their callers must get an error, not an answer."""
+        """Undo every call's writes: their callers must get an error, not an answer.
+        Refused (StoreError) once the group has committed."""
+        if self._ended == "committed":
+            raise StoreError("this write group has committed: its calls' writes are stored")
         if self._transaction is not None:
             self._end(StoreError("the write group was rolled back"))
+        self._ended = "rolled back"
 
     def _end(self, error: BaseException) -> None:
         transaction, self._transaction = self._transaction, None
@@ -193,6 +207,7 @@ class WriteGroup:
             self._rolled_back()
 
     def _rolled_back(self) -> None:
+        self._ended = "rolled back"
         self.memory.log.rolled_back()
         undo, self._after, self._undo = self._undo, [], []
         for work in undo:

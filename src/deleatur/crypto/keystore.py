@@ -61,9 +61,12 @@ def _hkdf(master: bytes, info: bytes) -> bytes:
 def _frame(parts: tuple[str | bytes, ...]) -> bytes:
     # Length-prefix every part so ("user1", "0") and ("user10", "") never collide.
     # (A plain loop: every record read frames its id, and a generator costs twice this.)
+    # "surrogatepass": the same bytes as UTF-8 for any valid text, and still a frame for
+    # text that is not (a lone surrogate in a refused call's argument, named in its
+    # audit entry as a token), where UTF-8 would raise.
     pieces: list[bytes] = []
     for part in parts:
-        raw = part.encode("utf-8") if isinstance(part, str) else part
+        raw = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
         pieces += (_LENGTH.pack(len(raw)), raw)
     return b"".join(pieces)
 

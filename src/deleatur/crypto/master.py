@@ -51,7 +51,7 @@ def from_bytes(key: bytes) -> MasterKeySource:
     return MasterKeySource("an explicit key", lambda _salt: key)
 
 
-def from_hex(value: str, where: str = "DELEATUR_MASTER_KEY") -> MasterKeySource:
+def from_hex(value: str, where: str = "the hex master key given") -> MasterKeySource:
     key = _parse_hex(check_type(value, str, "value"), check_type(where, str, "where"))
     return MasterKeySource(where, lambda _salt: key)
 
@@ -106,7 +106,7 @@ def from_environment(
     store = check_path(store_path, "store_path")
     given = None if key_file is None else check_path(key_file, "key_file")
     if value := os.environ.get("DELEATUR_MASTER_KEY"):
-        return from_hex(value)
+        return from_hex(value, "DELEATUR_MASTER_KEY")
     if passphrase := os.environ.get("DELEATUR_PASSPHRASE"):
         return from_passphrase(passphrase)
     env_file = os.environ.get("DELEATUR_MASTER_KEY_FILE")

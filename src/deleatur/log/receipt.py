@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..ids import is_record_id
-from ..model import loads_document
+from ..model import check_items, check_type, loads_document
 from .checkpoint import Checkpoint
 from .entries import Entry, EntryError, EventType
 from .keychain import KeyChain, LogSource, unproven_hint
@@ -87,6 +87,9 @@ def verify_receipt(
     before a key rotation is signed by an earlier key than a pinned current one: with
     ``store`` (the log, read-only) it is accepted if the log proves that key endorsed up
     to the pinned one (:mod:`deleatur.log.keychain`)."""
+    check_type(receipt, Receipt, "receipt")
+    trusted = check_items(trusted, Verifier, "trusted")
+    check_type(pinned, bool, "pinned")
     report = Report(f"receipt for {receipt.record_id}")
     checkpoint = None
     try:

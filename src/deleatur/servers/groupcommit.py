@@ -246,7 +246,8 @@ class CommitGroups:
                     write.make(memory)
             transaction.commit()
         except BaseException:
-            transaction.rollback()  # the reads' entries go back to their group, to write again
+            if transaction.open:
+                transaction.rollback()  # the reads' entries go back to their group, to write again
             raise
         if group is not None:
             self._written(group)

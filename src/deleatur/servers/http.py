@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__, sqlitefile
+from ..access.principals import Capability
 from ..clock import isoformat, system_clock
 from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
@@ -932,6 +933,11 @@ def create_app(
             # Opened first, without `turn`: opening may finish a crash's work and wait.
             memory, view, stack = await anyio.to_thread.run_sync(opened)
             try:
+                if Capability.VERIFY not in view.principal.capabilities:
+                    # Refused, and audited, by the verification's own guard, which names
+                    # it, before anything is signed or read for it (signing would refuse
+                    # it too, naming log.sign, which the caller never asked for).
+                    await anyio.to_thread.run_sync(verify, view, size)
                 # With a size too: signing is the guarded call that refuses (and audits) a
                 # caller that may not verify before a snapshot is opened for it. Refused
                 # tries are made again after a pause, as on_store makes them, until the
