@@ -226,7 +226,12 @@ class _RotationLockHeld(LogError):
 
 
 class Memory:
-    """An open store. Use :meth:`open` or :meth:`init`; close it (or use ``with``)."""
+    """An open store. Use :meth:`open` or :meth:`init`; close it (or use ``with``).
+
+    One handle (with the views :meth:`as_principal` makes of it) is used from one thread
+    at a time: it holds one SQLite connection, whose transactions two threads calling at
+    once would interleave. Threads that work at once each open the store, as processes
+    do; the store's locks keep them apart."""
 
     def __init__(
         self,
