@@ -21,6 +21,7 @@ from deleatur import (
     NewMemory,
     Space,
     SpaceFilter,
+    StoreError,
     canonical_subject,
     from_bytes,
     from_environment,
@@ -513,3 +514,9 @@ def test_a_path_no_file_system_can_hold_is_invalid_input(tmp_path: Path, path: s
     with pytest.raises(InvalidInputError, match=r"^path (contains a NUL byte|is not valid UTF-8)$"):
         Memory.open(str(tmp_path / path), from_bytes(bytes(32)), create=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_name_too_long_for_the_file_system_is_a_store_error(tmp_path: Path) -> None:
+    """It was the OS call's OSError (ENAMETOOLONG) from Memory.open, where init said StoreError."""
+    with pytest.raises(StoreError, match=r"cannot open .*: File name too long"):
+        Memory.open(tmp_path / ("x" * 300 + ".db"), from_bytes(bytes(32)), create=True)

@@ -182,9 +182,13 @@ class SQLiteBackend:
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
-        if not create and not path.exists():
+        try:
+            exists, is_dir = path.exists(), path.is_dir()
+        except OSError as exc:  # a name too long, a parent that is a file, ...
+            raise StoreError(f"cannot open {path}: {exc.strerror}") from None
+        if not create and not exists:
             raise NotFoundError(f"no store at {path}; run `deleatur init` first")
-        if path.is_dir():
+        if is_dir:
             raise StoreError(f"{path} is a directory, not a store file")
         conn = connect(path, create=create, full_sync=full_sync, identify=lambda c: identify(c, path, create=create))
         try:
