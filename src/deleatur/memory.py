@@ -1021,7 +1021,7 @@ class Memory:
         self._sign_pending()
 
     def _sign_pending(self) -> None:
-        if self._shared.unsigned and self.log.signer is not None:
+        if self.unsigned:
             with self.backend.atomic():
                 self.log.checkpoint()
             self._shared.unsigned = False

@@ -68,6 +68,11 @@ class Attempt:
     beginning: bool = False  # inside immediate()'s BEGIN
     repeatable: bool = False  # inside repeatable()
 
+    @property
+    def to_try_again(self) -> bool:
+        """A lock was refused and nothing committed: the call may be made again whole."""
+        return self.refused and not self.committed
+
 
 _ATTEMPT: ContextVar[Attempt | None] = ContextVar("deleatur_attempt", default=None)
 

@@ -64,8 +64,7 @@ class _Write(Generic[T]):
             try:
                 self.value = self.call(memory)
             except StoreBusyError as exc:
-                refused = attempt.refused and not attempt.committed
-                self.value, self.error = (Alone(), None) if refused else (None, exc)
+                self.value, self.error = (Alone(), None) if attempt.to_try_again else (None, exc)
             except Exception as exc:
                 self.error = exc
 

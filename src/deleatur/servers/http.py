@@ -312,7 +312,7 @@ def _first_try(work: Callable[[], T]) -> T | _Refused:
         try:
             return work()
         except StoreBusyError as exc:
-            if not attempt.refused or attempt.committed:
+            if not attempt.to_try_again:
                 raise
             return _Refused(exc, attempt.patient)
 
