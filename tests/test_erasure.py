@@ -312,9 +312,13 @@ def test_a_spent_token_leaves_nothing_that_confirms_a_guessed_name(
     """The plan a token confirms is a hash over the subject's name and what the request
     row keeps in clear (record ids, key references, principal id): kept unkeyed, anyone
     with the database file could test a guessed name against it."""
-    plan = memory.erase("Alice Smith", request_id="D", basis=BASIS, requester="dpo", dry_run=True, issue_token=True)
+    plan = memory.erase(
+        "Alice Smith", request_id="D", basis=BASIS, requester="dpo@example", dry_run=True, issue_token=True
+    )
     assert plan.plan is not None and plan.token
     (stored,) = _token_digests(store_path)
+    (terms,) = _token_digests(store_path, "terms")
+    assert terms in _raw(store_path)
     assert stored in _raw(store_path)  # the test reads the right place
     _erase(memory, "Alice Smith", request_id="DSAR-19", require_confirmation=True, confirmation=plan.token)
     guessed = hashlib.sha256(b"deleatur/confirmed-plan/v1\n" + plan.plan.digest + memory.principal.id.encode()).digest()
@@ -323,18 +327,20 @@ def test_a_spent_token_leaves_nothing_that_confirms_a_guessed_name(
     assert plan.plan.digest not in blob and guessed not in blob
     # Nor the keyed hash, which the master key's holder could test a guess against.
     assert stored not in blob and _token_digests(store_path) == [b""]
+    # Nor the keyed hash of the requester's name.
+    assert terms not in blob and _token_digests(store_path, "terms") == [b""]
 
 
 def _raw(store_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in store_files(store_path))
 
 
-def _token_digests(store_path: Path) -> list[bytes]:
-    """The plan digest of every confirmation token the store holds, read as another
-    process would read the file."""
+def _token_digests(store_path: Path, column: str = "plan_digest") -> list[bytes]:
+    """The plan digest (or another keyed hash) of every confirmation token the store
+    holds, read as another process would read the file."""
     conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        return [bytes(d) for (d,) in conn.execute("SELECT plan_digest FROM erasure_confirmations")]
+        return [bytes(d) for (d,) in conn.execute(f"SELECT {column} FROM erasure_confirmations")]
     finally:
         conn.close()
 
@@ -508,6 +514,21 @@ def test_a_token_for_another_blast_radius_is_refused(memory: Memory, family: dic
     memory.remember("Alice's new address", subject="Alice Smith")
     with pytest.raises(ConfirmationRequiredError, match="blast radius changed"):
         _erase(memory, "Alice Smith", confirmation=token)
+
+
+def test_a_token_confirms_the_basis_and_requester_of_its_dry_run(memory: Memory, family: dict[str, str]) -> None:
+    """The certificate states the erasure's basis: a token a dry run issued under one basis
+    (or for one requester) confirms no erasure under another, and is not spent by it."""
+    token = _erase(memory, "Bob", dry_run=True, issue_token=True).token  # type: ignore[attr-defined]
+    other_terms = "confirmation token was issued for another legal basis or requester"
+    with pytest.raises(ConfirmationRequiredError, match=other_terms):
+        memory.erase("Bob", request_id="DSAR-40", basis="Art. 17(1)(d)", requester="dpo@example", confirmation=token)
+    with pytest.raises(ConfirmationRequiredError, match=other_terms):
+        memory.erase("Bob", request_id="DSAR-40", basis=BASIS, requester="someone else", confirmation=token)
+    assert memory.get(family["bob"]).text == "Bob likes tea"
+    assert memory.erasure_requests() == []
+    done = _erase(memory, "Bob", request_id="DSAR-40", confirmation=token).request  # type: ignore[attr-defined]
+    assert done.record_ids == (family["bob"],) and done.basis == BASIS
 
 
 def test_a_token_is_spent_only_by_the_principal_it_was_issued_to(memory: Memory, family: dict[str, str]) -> None:

@@ -32,6 +32,7 @@ from deleatur import (
     from_file,
 )
 from deleatur.access.calls import SYSTEM
+from deleatur.erasure import engine
 from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import EventType
@@ -54,8 +55,14 @@ def _version(path: Path) -> int:
         conn.close()
 
 
+def _undo_v15(conn: apsw.Connection) -> None:
+    """The confirmation tokens as v14 left them: no terms."""
+    conn.execute("ALTER TABLE erasure_confirmations DROP COLUMN terms")
+
+
 def _undo_v14(conn: apsw.Connection) -> None:
     """The erasure requests as v13 left them: no scope keys."""
+    _undo_v15(conn)
     conn.execute("ALTER TABLE erasure_requests DROP COLUMN scope_key")
 
 
@@ -621,7 +628,7 @@ def test_a_v12_store_keeps_listing_its_requests_in_the_order_it_did(store_path: 
     conn.execute("PRAGMA user_version = 12")
     conn.close()
     with Memory.open(store_path, from_bytes(MASTER), clock=clock) as memory:
-        assert _version(store_path) == max(schema.MIGRATIONS) == 14
+        assert _version(store_path) == max(schema.MIGRATIONS)
         assert [r.id for r in memory.erasure_requests()] == ["V12-0", "V12-A", "V12-B", "V12-C"]
         assert [r.id for r in memory.erasure_requests(after="V12-A", limit=1)] == ["V12-B"]
         clock.advance(-3600)
@@ -680,7 +687,7 @@ def test_a_limited_erasure_from_before_v14_still_verifies_against_its_store(stor
     for upgraded in (False, True):
         if upgraded:
             Memory.open(store_path, from_bytes(MASTER)).close()
-        assert _version(store_path) == (14 if upgraded else 13)
+        assert _version(store_path) == (max(schema.MIGRATIONS) if upgraded else 13)
         with StoreEvidence(store_path) as evidence:
             report = verify_certificate(cert, store=evidence)
         assert report.ok, report.lines()
@@ -690,6 +697,42 @@ def test_a_limited_erasure_from_before_v14_still_verifies_against_its_store(stor
         memory.remember("n4", subject="M", space=Space("u1"))
         memory.erase("M", request_id="NEW-S", basis="Art. 17(1)(a)", requester="t", scope=SpaceFilter("u1"))
         assert memory.erasure_request("NEW-S").scope_key is not None
+
+
+def test_tokens_issued_before_v15_confirm_nothing(store_path: Path) -> None:
+    """v15 binds a token to its dry run's basis and requester. A token issued before has
+    neither: the upgrade drops it (unknown), and one an older release still running
+    writes after the upgrade, with no terms, confirms no erasure. A dry run issues another."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        bo = memory.remember("Bo's note", subject="Bo")
+        before, beside = (
+            memory.erase("Bo", request_id="D", basis="b", requester="r", dry_run=True, issue_token=True).token
+            for _ in range(2)
+        )
+        assert before is not None and beside is not None
+    conn = apsw.Connection(str(store_path))
+    (row,) = conn.execute(
+        "SELECT token_hash, tenant, plan_digest, expires_at FROM erasure_confirmations WHERE token_hash = ?",
+        (engine._token_hash(beside),),
+    ).fetchall()
+    _undo_v15(conn)
+    conn.execute("PRAGMA user_version = 14")
+    conn.close()
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert _version(store_path) == max(schema.MIGRATIONS)
+        erase = functools.partial(memory.erase, "Bo", basis="b", requester="r", require_confirmation=True)
+        with pytest.raises(ConfirmationRequiredError, match="unknown confirmation token"):
+            erase(request_id="E", confirmation=before)
+        # As a v14 process writes a token: without the column it does not know.
+        old_insert = (
+            "INSERT INTO erasure_confirmations(token_hash, tenant, plan_digest, expires_at) VALUES (?, ?, ?, ?)"
+        )
+        memory.backend._conn.execute(old_insert, row)  # type: ignore[attr-defined]
+        with pytest.raises(ConfirmationRequiredError, match="another legal basis or requester"):
+            erase(request_id="E", confirmation=beside)
+        token = memory.erase("Bo", request_id="D", basis="b", requester="r", dry_run=True, issue_token=True).token
+        assert erase(request_id="E", confirmation=token).request.record_ids == (bo.id,)  # type: ignore[union-attr]
 
 
 def _as_v11_left_it(store_path: Path, scopes: dict[str, list[str]]) -> None:

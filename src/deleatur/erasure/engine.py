@@ -134,6 +134,13 @@ def _confirmed_plan(memory: Memory, plan: ErasurePlan, principal_id: str) -> byt
     return memory.keys.index.ref("confirmed-plan/v2", plan.digest, principal_id)
 
 
+def _terms(memory: Memory, basis: str, requester: str) -> bytes:
+    """The terms a token confirms beside its plan: the erasure's certificate states its
+    basis, so a token shown one basis must not confirm another. Keyed, as the plan is: a
+    requester may be a person's name."""
+    return memory.keys.index.ref("confirmed-terms/v1", basis, requester)
+
+
 def _confirmations_of(memory: Memory, plan: ErasurePlan) -> list[bytes]:
     """What a token of any principal of the tenant, the operator's included, confirms
     when issued for ``plan``."""
@@ -141,8 +148,8 @@ def _confirmations_of(memory: Memory, plan: ErasurePlan) -> list[bytes]:
     return [_confirmed_plan(memory, plan, principal_id) for principal_id in ids]
 
 
-def _check_token(memory: Memory, token_hash: bytes, confirmed: bytes | None, request_id: str) -> None:
-    """Spend the token (hashed) on the plan it must confirm, or with None only check it
+def _check_token(memory: Memory, token_hash: bytes, confirmed: tuple[bytes, bytes] | None, request_id: str) -> None:
+    """Spend the token (hashed) on the plan and terms it must confirm, or with None only check it
     (see use_confirmation); refuse the erasure if it cannot."""
     problem = memory.backend.use_confirmation(token_hash, memory.tenant, confirmed, memory._clock())
     if problem is not None:
@@ -348,7 +355,10 @@ def erase(
                 # left its row (and its keyed hash of a subject's name) for good.
                 removed = memory.backend.drop_confirmations(now)
                 confirmed = _confirmed_plan(memory, plan, memory.principal.id)
-                memory.backend.put_confirmation(_token_hash(token), memory.tenant, confirmed, now + TOKEN_LIFETIME_US)
+                terms = _terms(memory, basis, requester)
+                memory.backend.put_confirmation(
+                    _token_hash(token), memory.tenant, confirmed, terms, now + TOKEN_LIFETIME_US
+                )
             if removed:
                 # Not waiting for a reader: the mark leaves the -wal to the next scrub or open.
                 memory._scrub(wait=False)
@@ -394,7 +404,7 @@ def erase(
             "this caller must confirm: run a dry run with a token and present it", request_id=request_id
         )
     token_hash = None if confirmation is None else _token_hash(confirmation)
-    spent = None  # what the token confirmed, once spent under the lock
+    spent: tuple[bytes, bytes] | None = None  # what the token confirmed, once spent under the lock
     clash = None  # why the request id cannot name this erasure
     try:
         with memory._logged(sign=True) as events:
@@ -436,9 +446,9 @@ def erase(
             # confirmed (a later failure rolls the spending back, and the token can
             # confirm the retry). A token for another plan is refused and not spent.
             if token_hash is not None:
-                confirmed = _confirmed_plan(memory, plan, memory.principal.id)
-                _check_token(memory, token_hash, confirmed, request_id)
-                spent = confirmed
+                confirming = (_confirmed_plan(memory, plan, memory.principal.id), _terms(memory, basis, requester))
+                _check_token(memory, token_hash, confirming, request_id)
+                spent = confirming
             if clash is not None:
                 raise RequestIdReusedError(clash, request_id=request_id)
             if plan.ambiguous and not allow_ambiguous:

@@ -196,12 +196,16 @@ class Backend(Protocol):
         after the request ``after``: a page read while others commit misses none."""
         ...
 
-    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None: ...
+    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, terms: bytes, expires_at: int) -> None:
+        """A token issued for the plan ``digest`` under the terms (basis, requester) ``terms``."""
+        ...
 
-    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes | None, now: int) -> str | None:
-        """Spend a token issued for ``digest``; returns why it is refused, or None. With
-        no ``digest``, only check that the tenant issued it and it has not expired. A
-        spent token keeps no digest: none is compared with it again."""
+    def use_confirmation(
+        self, token_hash: bytes, tenant: str, confirmed: tuple[bytes, bytes] | None, now: int
+    ) -> str | None:
+        """Spend a token issued for ``confirmed`` (digest, terms); returns why it is
+        refused, or None. With None, only check that the tenant issued it and it has not
+        expired. A spent token keeps neither: neither is compared with it again."""
         ...
 
     def spend_confirmations(self, tenant: str, digests: Sequence[bytes], now: int) -> None:

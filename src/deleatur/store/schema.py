@@ -283,6 +283,20 @@ def _v14(conn: apsw.Connection) -> None:
     conn.execute("ALTER TABLE erasure_requests ADD COLUMN scope_key BLOB").fetchall()
 
 
+def _v15(conn: apsw.Connection) -> None:
+    """A confirmation token confirms the terms its dry run was made under, the legal basis
+    and the requester, beside the plan: one shown under one basis confirmed an erasure
+    under another, whose certificate then stated a basis nobody had confirmed. Kept as a
+    keyed hash (a requester may be a person's name). The tokens issued before have no
+    terms: they go (a token lives 15 minutes; one issued before the upgrade is then
+    unknown, and a dry run issues another)."""
+    conn.execute("DELETE FROM erasure_confirmations").fetchall()
+    # An older release still running beside the upgrade inserts tokens without terms: x''
+    # matches no keyed hash, so they confirm nothing here.
+    conn.execute("ALTER TABLE erasure_confirmations ADD COLUMN terms BLOB NOT NULL DEFAULT x''").fetchall()
+    conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES ('scrub_pending', '1')").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -299,6 +313,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     12: _v12,
     13: _v13,
     14: _v14,
+    15: _v15,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

@@ -80,10 +80,10 @@ _B = 0.75
 _BM25 = "deleatur_bm25"
 #: The meta key of a removal committed but not yet scrubbed from the -wal.
 _SCRUB_PENDING = "scrub_pending"
-#: Spends confirmation tokens. The digest goes too: a keyed hash over the plan, the
-#: subject's name among the rest, it is never compared again, and the row stays until it
-#: expires, to let the erasure be repeated.
-_SPEND = "UPDATE erasure_confirmations SET used_at = ?, plan_digest = x''"
+#: Spends confirmation tokens. The digest and the terms go too: keyed hashes over the
+#: plan, the subject's name among the rest, and over the requester, they are never
+#: compared again, and the row stays until it expires, to let the erasure be repeated.
+_SPEND = "UPDATE erasure_confirmations SET used_at = ?, plan_digest = x'', terms = x''"
 #: The meta key of the unused data keys committed for destruction (a JSON list of hex ids).
 _KEYS_COLLECTING = "keys_collecting"
 
@@ -640,29 +640,36 @@ class SQLiteBackend:
             sql, args = sql + " LIMIT ?", [*args, limit]
         return [dict(zip(_REQUEST_COLUMNS, row, strict=True)) for row in self._conn.execute(sql, args)]
 
-    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, expires_at: int) -> None:
+    def put_confirmation(self, token_hash: bytes, tenant: str, digest: bytes, terms: bytes, expires_at: int) -> None:
         self._conn.execute(
-            "INSERT INTO erasure_confirmations(token_hash, tenant, plan_digest, expires_at) VALUES (?, ?, ?, ?)",
-            (token_hash, tenant, digest, expires_at),
+            "INSERT INTO erasure_confirmations(token_hash, tenant, plan_digest, terms, expires_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (token_hash, tenant, digest, terms, expires_at),
         )
 
-    def use_confirmation(self, token_hash: bytes, tenant: str, digest: bytes | None, now: int) -> str | None:
-        """As the protocol says. Without a digest a spent token passes: it still lets the
-        erasure it confirmed be repeated (see erasure.engine)."""
+    def use_confirmation(
+        self, token_hash: bytes, tenant: str, confirmed: tuple[bytes, bytes] | None, now: int
+    ) -> str | None:
+        """As the protocol says. Without what it must confirm a spent token passes: it
+        still lets the erasure it confirmed be repeated (see erasure.engine)."""
         row = self._conn.execute(
-            "SELECT plan_digest, expires_at, used_at FROM erasure_confirmations WHERE token_hash = ? AND tenant = ?",
+            "SELECT plan_digest, expires_at, used_at, terms FROM erasure_confirmations"
+            " WHERE token_hash = ? AND tenant = ?",
             (token_hash, tenant),
         ).fetchone()
         if row is None:
             return "unknown confirmation token"
         if int(row[1]) < now:
             return "confirmation token expired"
-        if digest is None:
+        if confirmed is None:
             return None
         if row[2] is not None:
             return "confirmation token already used"
+        digest, terms = confirmed
         if bytes(row[0]) != digest:
             return "confirmation token was issued for a different erasure (the blast radius changed) or caller"
+        if bytes(row[3]) != terms:
+            return "confirmation token was issued for another legal basis or requester: run the dry run with this one"
         self._conn.execute(_SPEND + " WHERE token_hash = ?", (now, token_hash))
         return None
 
