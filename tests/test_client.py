@@ -29,6 +29,7 @@ from deleatur import (
     Receipt,
     Record,
     Role,
+    SigningKeyMissingError,
     Space,
     SpaceFilter,
     Status,
@@ -365,6 +366,100 @@ def test_ids_a_route_cannot_take_are_refused_with_the_librarys_message(admin: Pa
     with pytest.raises(DeleaturError) as remote:
         REFUSALS[name](admin.remote)
     assert (type(remote.value), remote.value.message) == (type(local.value), local.value.message)
+
+
+_ERASE = {"request_id": "ARG-1", "basis": "b", "requester": "r"}
+
+#: Arguments of the wrong type, which the library refuses naming them. Sent as they were,
+#: a flag went as text (``dry_run=None`` was dropped: the client erased for real; "false"
+#: was true to the server), a number as a string, and a None or a string where a space or
+#: a list belongs raised AttributeError or TypeError, or was split into characters.
+WRONG_TYPES: dict[str, Callable[[Any], object]] = {
+    "dry_run None": lambda m: m.erase("Nobody", dry_run=None, **_ERASE),
+    "dry_run 0": lambda m: m.erase("Nobody", dry_run=0, **_ERASE),
+    "dry_run text": lambda m: m.erase("Nobody", dry_run="false", **_ERASE),
+    "account dry_run None": lambda m: m.erase_all(user_id="u", dry_run=None, **_ERASE),
+    "purge dry_run None": lambda m: m.purge(dry_run=None),
+    "require_confirmation None": lambda m: m.erase("Nobody", require_confirmation=None, **_ERASE),
+    "allow_ambiguous text": lambda m: m.erase("Nobody", allow_ambiguous="yes", **_ERASE),
+    "include_history text": lambda m: m.list(include_history="yes"),
+    "list subject a number": lambda m: m.list(subject=5),
+    "space a string": lambda m: m.remember("t", subject="s", space="u1"),
+    "space None": lambda m: m.recall("t", space=None),
+    "history space None": lambda m: m.history("k", space=None),
+    "scope a string": lambda m: m.erase("Nobody", scope="u1", **_ERASE),
+    "derived_from None": lambda m: m.remember("t", subject="s", derived_from=None),
+    "derived_from a string": lambda m: m.remember("t", subject="s", derived_from="abc"),
+    "used None": lambda m: m.record_decision("s", None),
+    "used a string": lambda m: m.record_decision("s", "abc"),
+    "summary None": lambda m: m.record_decision(None, []),
+    "subject None": lambda m: m.erase(None, **_ERASE),
+    "unrestrict None": lambda m: m.unrestrict(None, actor="a"),
+    "user_id None": lambda m: m.erase_all(user_id=None, **_ERASE),
+    "recall limit 0": lambda m: m.recall("x", limit=0),
+    "confidence text": lambda m: m.remember("t", subject="s", confidence="0.5"),
+    "reason None": lambda m: m.rectify("k", "t", reason=None, actor="a"),
+    "restriction reason None": lambda m: m.restrict("s", reason=None, actor="a"),
+    "basis None": lambda m: m.erase("Nobody", request_id="ARG-1", basis=None, requester="r"),
+    "checkpoint size -1": lambda m: m.checkpoint(size=-1),
+    "for_legal_claim 1": lambda m: m.remember("t", subject="s", for_legal_claim=1),
+    "erase_previous text": lambda m: m.rectify("k", "t", reason="r", actor="a", erase_previous="yes"),
+    "expires_at True": lambda m: m.remember("t", subject="s", expires_at=True),
+    "expires_at a float": lambda m: m.remember("t", subject="s", expires_at=1.5),
+    "key a number": lambda m: m.remember("t", subject="s", key=5),
+    "forget record_id a number": lambda m: m.forget(record_id=5),
+    "older_than_days text": lambda m: m.purge(older_than_days="5"),
+    "calls_only 1": lambda m: m.audit_entries(calls_only=1),
+    "query a number": lambda m: m.recall(5),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_TYPES))
+def test_an_argument_of_the_wrong_type_is_refused_as_the_library_refuses_it(admin: Pair, name: str) -> None:
+    """Refused by the client with the library's error and message, before any request."""
+    sent: list[httpx.Request] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500)
+
+    with pytest.raises(DeleaturError) as local:
+        WRONG_TYPES[name](admin.local)
+    with (
+        Client("http://deleatur.test", transport=httpx.MockTransport(server)) as remote,
+        pytest.raises(DeleaturError) as refused,
+    ):
+        WRONG_TYPES[name](remote)
+    assert (type(refused.value), refused.value.message) == (type(local.value), local.value.message)
+    assert sent == []
+
+
+@pytest.mark.parametrize("key", ["", "é", "two words", "line\nbreak"])
+def test_an_api_key_no_header_can_carry_is_bad_input(key: str) -> None:
+    with pytest.raises(InvalidInputError, match="api_key is not a deleatur API key"):
+        Client("http://deleatur.test", api_key=key)
+    with pytest.raises(InvalidInputError, match="api_key must be a string"):
+        Client("http://deleatur.test", api_key=b"key")  # type: ignore[arg-type]
+
+
+def test_a_missing_signing_key_is_the_librarys_error(tmp_path: Path) -> None:
+    """A server whose signing key file is gone refuses a write as the library does
+    (SigningKeyMissingError, 503: the operator restores the file, then the call can be
+    made again), not as a failure of the keys (key_store_error, 500)."""
+    store = tmp_path / "mem.db"
+    opener = new_store(store)
+    key = api_key(opener, Role.ADMIN)
+    store.with_name(store.name + ".signing-key").unlink()
+    with opener() as memory, pytest.raises(SigningKeyMissingError) as local:
+        memory.remember("kept", subject="Sig")
+    with (
+        serving(create_app(opener)) as url,
+        Client(url, api_key=key) as client,
+        pytest.raises(SigningKeyMissingError) as remote,
+    ):
+        client.remember("kept", subject="Sig")
+    assert (remote.value.status, remote.value.code) == (503, "signing_key_missing")  # type: ignore[attr-defined]
+    assert remote.value.message == local.value.message
 
 
 def test_a_query_too_long_for_a_url_is_answered(admin: Pair) -> None:

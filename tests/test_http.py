@@ -394,6 +394,10 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
     assert chunked.status_code == 413
     route = httpx.get(f"{base_url}/v1/nothing-here", headers=admin)
     assert (route.status_code, route.json()["error"]["code"]) == (404, "no_such_route")
+    for slashed in ("/v1/memories/", "/v1/erasures/"):  # redirected, they were 307s with no body, to anyone
+        for headers in (admin, {}):
+            reply = httpx.get(f"{base_url}{slashed}", headers=headers)
+            assert (reply.status_code, reply.json()["error"]["code"]) == (404, "no_such_route"), slashed
     spec = httpx.get(f"{base_url}/openapi.json").json()
     assert {"/v1/memories", "/v1/subjects/{subject}", "/v1/erasures/{request_id}"} <= set(spec["paths"])
 

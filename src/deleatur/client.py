@@ -44,27 +44,36 @@ from urllib.parse import quote
 import httpx
 
 from .access.audit import AuditEntry, AuditTrail
-from .decisions.snapshots import Decision
-from .erasure.engine import DRY_RUN_FIRST, ErasureResult
+from .decisions.snapshots import DECISION_NEEDS_SUMMARY, MAX_SUMMARY_BYTES, Decision
+from .erasure.engine import DRY_RUN_FIRST, NEEDS_BASIS, ErasureResult
 from .erasure.requests import ErasureRequest, check_request_id
 from .errors import DeleaturError, InvalidInputError
 from .ids import check_record_id
 from .log.note import Note, Verifier
 from .log.receipt import Receipt
 from .log.report import Report
+from .memory import RECTIFY_NEEDS_REASON
 from .model import (
     DEFAULT_SPACE,
     EVERYWHERE,
     Hit,
+    NewMemory,
     Record,
     Space,
     SpaceFilter,
+    check_flags,
     check_int,
+    check_items,
+    check_number,
+    check_optional,
+    check_query,
+    check_recall_limit,
+    check_stated,
+    check_type,
     utf8_text,
-    validate_metadata,
 )
 from .rights.export import TextSink
-from .rights.restriction import Restriction
+from .rights.restriction import RESTRICTION_NEEDS_REASON, Restriction
 from .servers.errors import remote_error
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -81,7 +90,16 @@ _COUNTS = re.compile(r', "counts": (\{[^{}]*\})\}\s*\Z')
 
 
 def _space(space: Space) -> dict[str, str]:
+    check_type(space, Space, "space")
     return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
+
+
+def _strings(**values: object) -> None:
+    """Each of ``values`` a string or None (not given), named by its keyword: checked
+    here, as the library checks them, since a URL or a body would carry a number or a
+    list as text and the server would take it."""
+    for name, value in values.items():
+        check_optional(value, str, name)
 
 
 #: An argument holding a lone surrogate (what a bad decode leaves) cannot go into a request.
@@ -91,6 +109,8 @@ _NOT_JSON = "an argument has no JSON form (a value of another type, NaN or an in
 #: library bounds far below that (names, notes, ids), so it refuses them as bad input too.
 #: The one exception: an erasure's confirmation, which the library calls an unknown token.
 _TOO_LONG = "an argument is too long: over the length any deleatur name or note may have"
+#: What an Authorization header can carry of a key (a deleatur key is of these characters).
+_API_KEY = re.compile(r"[\x21-\x7e]+")
 _PINS_REFUSED = (
     "pins are checked only where the verification runs, and over HTTP the server would check its own"
     " store against them: verify a copy of the store with the library, or with 'deleatur log verify"
@@ -98,17 +118,23 @@ _PINS_REFUSED = (
 )
 
 
-def _check_record_id(value: object) -> str:
-    return check_record_id(value, "record_id")  # named as the library's get and receipt name it
+def _record(record_id: str) -> str:
+    # Named as the library's get and receipt name it.
+    return _segment(record_id, "record_id", lambda value: check_record_id(value, "record_id"))
 
 
-def _segment(value: str, check: Callable[[str], object] | None = None) -> str:
+def _request_segment(request_id: str) -> str:
+    return _segment(request_id, "request_id", check_request_id)
+
+
+def _segment(value: str, name: str, check: Callable[[str], object] | None = None) -> str:
     """A path segment, percent-encoded: a subject or user id may hold '/', '?' or '#'
     (the routes that take one take the rest of the path). A segment "." or ".." goes as
     %2E, since URL normalization would remove it and the call would reach another route.
     ``check`` is the library's own check of an id whose route takes one segment: an empty
     id, or one holding '/', would reach another route, so what the library refuses is
     refused here, with the library's error."""
+    check_type(value, str, name)
     if check is not None:
         check(value)
     try:
@@ -191,6 +217,8 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         http: httpx.Client | None = None,
     ) -> None:
+        if api_key is not None and not _API_KEY.fullmatch(check_type(api_key, str, "api_key")):
+            raise InvalidInputError("api_key is not a deleatur API key: it must be printable ASCII, with no spaces")
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self.http.headers.update(headers)
@@ -269,15 +297,27 @@ class Client:
         expires_at: int | str | None = None,
         for_legal_claim: bool = False,
     ) -> Record:
+        check_flags(for_legal_claim=for_legal_claim)
+        # Checked by the library's rules: the server would take what JSON can carry of them.
+        # A time given as text is the server's to read, against its own clock.
+        item = NewMemory(
+            text=text,
+            subject=subject,
+            key=key,
+            metadata={} if metadata is None else metadata,
+            source=source,
+            confidence=confidence,
+            derived_from=derived_from,  # type: ignore[arg-type]  # any collection, checked as the library checks it
+            expires_at=None if isinstance(expires_at, str) else expires_at,
+        )
         body = {
-            "text": text,
-            "subject": subject,
-            "key": key,
-            # Checked by the library's rule here: dict() of a non-mapping is not bad input.
-            "metadata": None if metadata is None else validate_metadata(metadata),
-            "source": source,
-            "confidence": confidence,
-            "derived_from": builtins.list(derived_from),
+            "text": item.text,
+            "subject": item.subject,
+            "key": item.key,
+            "metadata": None if metadata is None else item.metadata,
+            "source": item.source,
+            "confidence": item.confidence,
+            "derived_from": builtins.list(item.derived_from),
             "expires_at": expires_at,
             "for_legal_claim": for_legal_claim,
             **_space(space),
@@ -287,11 +327,11 @@ class Client:
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Hit]:
         """Hits, best first: records with their ``score``. The query goes in the body: the
         library takes one of any length, which a URL cannot carry, and a URL is logged."""
-        body = {"q": query, "limit": limit, **_space(space)}
+        body = {"q": check_query(query), "limit": check_recall_limit(limit), **_space(space)}
         return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "POST", "/v1/memories/search", body=body)
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
-        path = f"/v1/memories/{_segment(record_id, _check_record_id)}"
+        path = f"/v1/memories/{_record(record_id)}"
         return self._call(Record.from_json, "GET", path, params=_space(space))
 
     def list(
@@ -307,6 +347,8 @@ class Client:
         """Every record (or the first ``limit``), oldest first, streamed as the library's
         ``list`` streams them: the server's pages are followed to the end, never silently
         cut."""
+        _strings(subject=subject, key=key)
+        check_flags(include_history=include_history)
         params = {"subject": subject, "key": key, "history": include_history, **_space(space)}
         return self._records("/v1/memories", params, limit, after)
 
@@ -319,6 +361,7 @@ class Client:
     ) -> Iterator[Record]:
         """The versions (or the first ``limit``), streamed as the library's ``versions``
         streams them, through the server's pages."""
+        check_type(key, str, "key")
         return self._records("/v1/history", {"key": key, **_space(space)}, limit, after)
 
     def _records(self, route: str, params: dict[str, Any], limit: int | None, after: str | None) -> Iterator[Record]:
@@ -326,6 +369,8 @@ class Client:
         if limit is not None:
             # The pages ask for at most _PAGE records: the server never sees this limit.
             check_int(limit, "limit", low=1)
+        if after is not None:
+            check_record_id(after, "after")
 
         def fetch(cursor: str | None, done: int) -> tuple[builtins.list[Record], str | None]:
             page = {**params, "limit": _page_size(limit, done), "after": cursor}
@@ -334,6 +379,9 @@ class Client:
         return _stream(fetch, after, limit)
 
     def forget(self, *, space: Space = DEFAULT_SPACE, record_id: str | None = None, key: str | None = None) -> Record:
+        _strings(key=key)
+        if record_id is not None:
+            check_record_id(record_id, "record_id")
         body = _drop_none({"id": record_id, "key": key, **_space(space)})
         return self._call(Record.from_json, "POST", "/v1/forget", body=body)
 
@@ -350,6 +398,11 @@ class Client:
     ) -> Record:
         """The server records the actor as '<actor> (via <the key's principal>)', or as the
         principal alone without one."""
+        check_type(key, str, "key")
+        check_type(text, str, "text")
+        check_stated(reason, "reason", missing=RECTIFY_NEEDS_REASON)
+        _strings(actor=actor)
+        check_flags(erase_previous=erase_previous, for_legal_claim=for_legal_claim)
         body = {
             "key": key,
             "text": text,
@@ -362,7 +415,7 @@ class Client:
         return self._call(Record.from_json, "POST", "/v1/rectify", body=_drop_none(body))
 
     def receipt(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Receipt:
-        path = f"/v1/memories/{_segment(record_id, _check_record_id)}/receipt"
+        path = f"/v1/memories/{_record(record_id)}/receipt"
         return self._call(Receipt.from_json, "GET", path, params=_space(space))
 
     # -- erasure (Art. 17) --------------------------------------------------------------
@@ -385,11 +438,13 @@ class Client:
         back what it erased), or with ``dry_run`` the plan (and ``token`` with
         ``issue_token``). Repeating ``request_id`` is safe. The server records the
         requester as '<requester> (via <the key's principal>)', or the principal alone."""
-        if _dry_run(dry_run, issue_token):
+        check_flags(allow_ambiguous=allow_ambiguous)
+        check_type(scope, SpaceFilter, "scope")
+        if _dry_run(dry_run, issue_token, require_confirmation):
             return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
         where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
         asked = _asked(basis, requester, confirmation, require_confirmation)
-        return self._erase(f"/v1/subjects/{_segment(subject)}", request_id, {**asked, **where})
+        return self._erase(f"/v1/subjects/{_segment(subject, 'subject')}", request_id, {**asked, **where})
 
     def erase_all(
         self,
@@ -405,14 +460,17 @@ class Client:
         confirmation: str | None = None,
         require_confirmation: bool = False,
     ) -> ErasureResult:
-        if _dry_run(dry_run, issue_token):
+        check_type(user_id, str, "user_id")
+        _strings(agent_id=agent_id, run_id=run_id)
+        if _dry_run(dry_run, issue_token, require_confirmation):
             return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
         where = {"agent_id": agent_id, "run_id": run_id}
         asked = _asked(basis, requester, confirmation, require_confirmation)
-        return self._erase(f"/v1/users/{_segment(user_id)}", request_id, {**asked, **where})
+        return self._erase(f"/v1/users/{_segment(user_id, 'user_id')}", request_id, {**asked, **where})
 
     def _erase(self, path: str, request_id: str | None, params: Mapping[str, Any]) -> ErasureResult:
         """An erasure that runs: a DELETE whose Idempotency-Key is the request id."""
+        _strings(request_id=request_id)
         headers = {} if request_id is None else {"Idempotency-Key": request_id}
         return self._call(ErasureResult.from_json, "DELETE", path, params=params, headers=headers)
 
@@ -421,7 +479,7 @@ class Client:
 
     def erasure_request(self, request_id: str) -> ErasureRequest:
         """Status and phases, with timestamps."""
-        path = f"/v1/erasures/{_segment(request_id, check_request_id)}"
+        path = f"/v1/erasures/{_request_segment(request_id)}"
         return self._call(ErasureRequest.from_json, "GET", path)
 
     def erasure_requests(self, *, limit: int | None = None, after: str | None = None) -> builtins.list[ErasureRequest]:
@@ -438,7 +496,7 @@ class Client:
         return builtins.list(_stream(fetch, after, limit))[:limit]
 
     def certificate(self, request_id: str) -> dict[str, Any]:
-        return self._call(dict, "GET", f"/v1/erasures/{_segment(request_id, check_request_id)}/certificate")
+        return self._call(dict, "GET", f"/v1/erasures/{_request_segment(request_id)}/certificate")
 
     def verify_certificate(
         self, certificate: str | bytes | Mapping[str, Any], *, expected_pubkey: str | None = None
@@ -460,6 +518,10 @@ class Client:
         issue_token: bool = False,
         confirmation: str | None = None,
     ) -> ErasureResult:
+        check_flags(dry_run=dry_run, issue_token=issue_token)
+        _strings(request_id=request_id, confirmation=confirmation)
+        if older_than_days is not None:
+            check_number(older_than_days, "older_than_days")
         body = {
             "older_than_days": older_than_days,
             "request_id": request_id,
@@ -474,23 +536,34 @@ class Client:
     def record_decision(
         self, summary: str, used: Iterable[str], *, space: Space = DEFAULT_SPACE, for_legal_claim: bool = False
     ) -> Decision:
-        body = {"summary": summary, "used": builtins.list(used), "for_legal_claim": for_legal_claim, **_space(space)}
+        check_stated(summary, "summary", missing=DECISION_NEEDS_SUMMARY, max_bytes=MAX_SUMMARY_BYTES)
+        check_flags(for_legal_claim=for_legal_claim)
+        body = {
+            "summary": summary,
+            "used": check_items(used, str, "used"),
+            "for_legal_claim": for_legal_claim,
+            **_space(space),
+        }
         return self._call(Decision.from_json, "POST", "/v1/decisions", body=body)
 
     def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
         """The snapshot the server checked (hash and signature); it is not checked again here."""
-        path = f"/v1/decisions/{_segment(decision_id)}"
+        path = f"/v1/decisions/{_segment(decision_id, 'decision_id')}"
         return self._call(Decision.from_json, "GET", path, params=_space(space))
 
     # -- restriction (Art. 18), export (Art. 15/20) -----------------------------------------
 
     def restrict(self, subject: str, *, reason: str, actor: str | None = None) -> Restriction:
         """The server records the actor as ``rectify`` does."""
+        check_type(subject, str, "subject")
+        check_stated(reason, "reason", missing=RESTRICTION_NEEDS_REASON)
+        _strings(actor=actor)
         body = _drop_none({"subject": subject, "reason": reason, "actor": actor})
         return self._call(Restriction.from_json, "POST", "/v1/restrictions", body=body)
 
     def unrestrict(self, subject: str, *, actor: str | None = None) -> None:
-        path = f"/v1/restrictions/{_segment(subject)}"
+        _strings(actor=actor)
+        path = f"/v1/restrictions/{_segment(subject, 'subject')}"
         self._call(lambda _: None, "DELETE", path, params={"actor": actor})
 
     def restrictions(self) -> builtins.list[Restriction]:
@@ -499,6 +572,7 @@ class Client:
     def export_json(self, out: TextSink, *, subject: str | None = None, user_id: str | None = None) -> dict[str, int]:
         """Stream the ``deleatur-export/v1`` document into ``out``, never holding it
         whole; returns its counts (the document's last member)."""
+        _strings(subject=subject, user_id=user_id)
         request = self._request("GET", "/v1/export", params={"subject": subject, "user_id": user_id})
         tail = ""
         try:
@@ -525,6 +599,7 @@ class Client:
 
     def checkpoint(self, *, size: int | None = None) -> Note:
         """The latest signed checkpoint, or the stored one of ``size``."""
+        _size(size)
         return self._call(lambda d: Note.parse(d["checkpoint"]), "GET", "/v1/checkpoint", params={"size": size})
 
     def public_key(self) -> Verifier:
@@ -541,6 +616,7 @@ class Client:
         """The server's verification of its log (as of its stored checkpoint of ``size``,
         or of one it signs now), unpinned: pins are refused (see the module)."""
         _no_pins(pinned_keys, pinned_checkpoint)
+        _size(size)
         return self._call(Report.from_json, "GET", "/v1/log/verify", params={"size": size})
 
     # -- the audit trail --------------------------------------------------------------------
@@ -562,6 +638,9 @@ class Client:
             check_int(limit, "limit", low=1)  # as for list: the pages ask for less
         if scan is not None:
             check_int(scan, "scan", low=1)
+        check_int(start, "start", low=0)
+        check_flags(calls_only=calls_only)
+        _strings(actor=actor)
 
         def read(trail: AuditTrail) -> Iterator[AuditEntry]:
             def fetch(begin: int, done: int) -> tuple[builtins.list[AuditEntry], int | None]:
@@ -584,6 +663,7 @@ class Client:
         """The server's verification of the whole trail (as of ``size``, as ``verify_log``);
         pins and an auditor's ``state`` are refused, as ``verify_log`` refuses pins."""
         _no_pins(pinned_keys, state)
+        _size(size)
         return self._call(Report.from_json, "GET", "/v1/audit/verify", params={"size": size})
 
     def verify_receipt(self, receipt: Receipt | str | bytes | Mapping[str, Any], *, key: str | None = None) -> Report:
@@ -601,12 +681,22 @@ def _audit_page(data: Any) -> tuple[builtins.list[AuditEntry], int | None]:
 
 def _asked(basis: str, requester: str | None, confirmation: str | None, require: bool) -> dict[str, Any]:
     """An erasure DELETE's query: what the request asks, beside where it erases."""
+    check_stated(basis, "basis", missing=NEEDS_BASIS)
+    _strings(requester=requester, confirmation=confirmation)
     return {"basis": basis, "requester": requester, "confirmation": confirmation, "require_confirmation": require}
 
 
-def _dry_run(dry_run: bool, issue_token: bool) -> bool:
+def _size(size: int | None) -> None:
+    if size is not None:
+        check_int(size, "size", low=0)
+
+
+def _dry_run(dry_run: bool, issue_token: bool, require_confirmation: bool) -> bool:
     """Whether an erasure is a dry run. A token asked for outside one is refused, as the
-    library refuses it: the DELETE routes take no such argument, and would erase."""
+    library refuses it: the DELETE routes take no such argument, and would erase. Each
+    flag is True or False, as the library takes them: any other value, sent as text,
+    would decide whether the server erases."""
+    check_flags(dry_run=dry_run, issue_token=issue_token, require_confirmation=require_confirmation)
     if issue_token and not dry_run:
         raise InvalidInputError(DRY_RUN_FIRST)
     return dry_run

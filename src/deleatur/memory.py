@@ -91,11 +91,12 @@ from .model import (
     canonical_subject,
     check_int,
     check_items,
-    check_note,
     check_number,
     check_optional,
     check_path,
     check_query,
+    check_recall_limit,
+    check_stated,
     check_tenant,
     check_type,
     check_who,
@@ -137,9 +138,9 @@ _MAX_QUERY_TERMS = 32
 _COMMON_TERM_DOCS = 10_000
 #: A query term found in more records than this counts only in its newest this many.
 _TERM_CANDIDATES = 250
-_MAX_RECALL = 1000
 #: Why :meth:`Memory.history` finds nothing: the servers, which page the versions, say it too.
 NO_SUCH_KEY = "no record with this key in this space"
+RECTIFY_NEEDS_REASON = "rectify needs a reason"
 #: How many checkpoints back a cosignature given without a size is looked for (one
 #: signature check each): a witness cosigns the checkpoint it was sent, and the log
 #: gets a checkpoint for every 100 ms of writes since.
@@ -1520,9 +1521,7 @@ class Memory:
                 "confirmation",
             )
         validate_text(text, self.max_text_bytes)
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidInputError("rectify needs a reason")
-        check_note(reason, "reason")
+        check_stated(reason, "reason", missing=RECTIFY_NEEDS_REASON)
         actor = check_who(actor, "actor", missing="rectify needs an actor")
         key_ref = self._key_ref(space, canonical_key(key))
         with self._logged() as events:
@@ -1876,8 +1875,7 @@ class Memory:
     def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""
         check_type(space, Space, "space")
-        if not 1 <= check_type(limit, int, "limit") <= _MAX_RECALL:
-            raise InvalidInputError(f"limit must be between 1 and {_MAX_RECALL}")
+        check_recall_limit(limit)
         words = _TOKEN.findall(unicodedata.normalize("NFKC", check_query(query)))
         if not words:
             raise InvalidInputError("query has no searchable words")

@@ -61,6 +61,14 @@ def check_note(value: str, what: str, *, max_bytes: int = MAX_NOTE_BYTES) -> str
     return value
 
 
+def check_stated(value: object, what: str, *, missing: str, max_bytes: int = MAX_NOTE_BYTES) -> str:
+    """A note a call must be given (a reason, a legal basis, a summary): ``missing`` if
+    it is not text or is blank, then :func:`check_note`."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(missing)
+    return check_note(value, what, max_bytes=max_bytes)
+
+
 #: The longest actor or requester: room for the servers' '<named> (via <principal>)'.
 MAX_WHO_CHARS = 512
 
@@ -411,6 +419,12 @@ def check_type(value: object, kind: type[T], name: str) -> T:
     return value
 
 
+def check_flags(**flags: object) -> None:
+    """Each of ``flags`` True or False (see :func:`check_type`), named by its keyword."""
+    for name, value in flags.items():
+        check_type(value, bool, name)
+
+
 def check_optional(value: object, kind: type[T], name: str) -> T | None:
     """:func:`check_type`, where None means the argument was not given."""
     return None if value is None else check_type(value, kind, name)
@@ -425,6 +439,17 @@ def check_items(value: object, kind: type[T], name: str) -> list[T]:
     for item in items:
         check_type(item, kind, f"each item of {name}")
     return items
+
+
+#: The most hits one recall returns.
+MAX_RECALL = 1000
+
+
+def check_recall_limit(limit: object) -> int:
+    value = check_type(limit, int, "limit")
+    if not 1 <= value <= MAX_RECALL:
+        raise InvalidInputError(f"limit must be between 1 and {MAX_RECALL}")
+    return value
 
 
 def check_number(value: object, name: str) -> float:

@@ -43,7 +43,7 @@ from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..ids import check_record_id
 from ..log.entries import Entry, EventType
 from ..log.note import Verifier
-from ..model import Space, SpaceFilter, check_note, check_type
+from ..model import Space, SpaceFilter, check_stated, check_type
 from ..rights.restriction import check_writable
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ FORMAT = "deleatur-decision/v1"
 CONTEXT = b"deleatur/decision/v1\n"
 MAX_SUMMARY_BYTES = 16 * 1024
 MAX_BELIEFS = 1000
+DECISION_NEEDS_SUMMARY = "a decision needs a summary"
 
 
 def canonical(body: Any) -> bytes:
@@ -107,9 +108,7 @@ def record(
 ) -> Decision:
     """Inside the caller's write transaction. Using a restricted subject's records is
     processing (Art. 18): refused unless ``for_legal_claim``."""
-    if not isinstance(summary, str) or not summary.strip():
-        raise InvalidInputError("a decision needs a summary")
-    check_note(summary, "summary", max_bytes=MAX_SUMMARY_BYTES)
+    check_stated(summary, "summary", missing=DECISION_NEEDS_SUMMARY, max_bytes=MAX_SUMMARY_BYTES)
     ids = list(dict.fromkeys(used))
     if not ids or len(ids) > MAX_BELIEFS:
         raise InvalidInputError(f"a decision uses 1 to {MAX_BELIEFS} records")

@@ -31,9 +31,9 @@ from ..log.entries import Entry, EventType
 from ..model import (
     SpaceFilter,
     canonical_subject,
-    check_note,
+    check_flags,
     check_optional,
-    check_type,
+    check_stated,
     check_who,
     forget_cached_subjects,
     one_line,
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 TOKEN_LIFETIME_US = 15 * 60 * 1_000_000
 #: Asked for a token, the caller means to look first: never erase instead.
 DRY_RUN_FIRST = "a confirmation token comes from a dry run: add dry_run"
+NEEDS_BASIS = "an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'"
 
 
 class AmbiguousSubjectError(InvalidInputError):
@@ -324,13 +325,18 @@ def erase(
     retention: tuple[int, int | None] | None = None,
 ) -> ErasureResult:
     check_request_id(request_id)
-    flags = {"dry_run": dry_run, "allow_ambiguous": allow_ambiguous, "issue_token": issue_token}
-    for name, flag in {**flags, "require_confirmation": require_confirmation}.items():
-        check_type(flag, bool, name)
+    check_flags(
+        dry_run=dry_run,
+        allow_ambiguous=allow_ambiguous,
+        issue_token=issue_token,
+        require_confirmation=require_confirmation,
+    )
     check_optional(confirmation, str, "confirmation")
-    if not isinstance(basis, str) or not basis.strip():
-        raise InvalidInputError("an erasure needs a legal basis, e.g. 'Art. 17(1)(a)'", request_id=request_id)
-    check_note(basis, "basis")
+    try:
+        check_stated(basis, "basis", missing=NEEDS_BASIS)
+    except InvalidInputError as exc:
+        exc.request_id = request_id
+        raise
     requester, refused = _check_requester(requester, request_id, retry=not dry_run)
     canonical = None if subject is None else canonical_subject(subject)
     if canonical is None and scope.user_id is None and retention is None:

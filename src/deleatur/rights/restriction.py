@@ -20,12 +20,13 @@ from ..clock import from_isoformat, isoformat
 from ..crypto.keystore import _frame
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..log.entries import Entry, EventType
-from ..model import canonical_subject, check_note, check_who
+from ..model import canonical_subject, check_stated, check_who
 
 if TYPE_CHECKING:
     from ..memory import Memory
 
 _NONCE = 12
+RESTRICTION_NEEDS_REASON = "a restriction needs a reason"
 
 
 class RestrictedSubjectError(InvalidInputError):
@@ -53,9 +54,7 @@ def _aad(memory: Memory, subject_ref: bytes) -> bytes:
 
 def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restriction:
     canonical = canonical_subject(subject)
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInputError("a restriction needs a reason")
-    check_note(reason, "reason")
+    check_stated(reason, "reason", missing=RESTRICTION_NEEDS_REASON)
     actor = check_who(actor, "actor", missing="a restriction needs an actor")
     ref = memory._subject_ref(canonical)
     with memory._logged() as events:

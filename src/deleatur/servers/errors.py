@@ -20,6 +20,7 @@ from ..errors import (
     KeyStoreError,
     MasterKeyError,
     NotFoundError,
+    SigningKeyMissingError,
     StoreBusyError,
     StoreError,
 )
@@ -69,6 +70,8 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     DataKeyDestroyedError: (410, "data_key_destroyed"),
     MasterKeyError: (503, "master_key_error"),
     KeyStoreError: (500, "key_store_error"),
+    # Not the keys' failure: the server's operator must restore a file, and the call can then be made again.
+    SigningKeyMissingError: (503, "signing_key_missing"),
     KeyStoreBusyError: (503, "key_store_busy"),
     StoreBusyError: (503, "store_busy"),
     StoreError: (503, "store_unavailable"),

@@ -41,7 +41,7 @@ from ..erasure.engine import ErasureResult
 from ..errors import AuthenticationError, DeleaturError, InvalidInputError, StoreBusyError
 from ..log.report import Report
 from ..memory import Memory
-from ..model import Space, SpaceFilter, loads_envelope, loads_unique
+from ..model import MAX_RECALL, Space, SpaceFilter, loads_envelope, loads_unique
 from ..sqlitefile import first_try, scrubs_unwaited_during
 from .auth import CHALLENGE, as_caller
 from .calls import (
@@ -207,7 +207,7 @@ class RememberBody(SpaceBody):
 
 class SearchBody(SpaceBody):
     q: str = Field(description="Words to search for (BM25); a query too long for a URL fits here.")
-    limit: int = Field(default=10, ge=1, le=1000)
+    limit: int = Field(default=10, ge=1, le=MAX_RECALL)
 
 
 class ForgetBody(SpaceBody):
@@ -660,6 +660,9 @@ def create_app(
         lifespan=lifespan,
         dependencies=[Depends(_authenticated)],
         responses=_errors(401, 403, 422, 500, 503),
+        # A path with a trailing slash is no route: redirected, it was answered 307 with
+        # no body, before any key was asked for.
+        redirect_slashes=False,
     )
     app.router.route_class = _Route
     app.state.pool = pool
