@@ -1,14 +1,19 @@
-"""Two real processes writing one store at once lose nothing."""
+"""Two real processes writing one store at once lose nothing; nor do threads sharing
+one handle."""
 
 from __future__ import annotations
 
 import multiprocessing
 import subprocess
 import sys
+import threading
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from deleatur import Memory, NewMemory, from_bytes, sqlitefile
+import pytest
+
+from deleatur import Memory, NewMemory, Role, StoreBusyError, StoreError, from_bytes, sqlitefile
+from deleatur import memory as memory_module
 
 from .conftest import MASTER, FakeClock
 
@@ -99,3 +104,67 @@ def test_a_long_read_is_marked_for_other_processes_until_it_ends_or_its_process_
     with sqlitefile.long_read(database):
         assert sqlitefile.long_read_marked(database)
     assert not sqlitefile.long_read_marked(database)
+
+
+def test_threads_sharing_a_handle_take_turns(memory: Memory) -> None:
+    """One handle (and its views) used by several threads at once: each call waits for
+    the one in progress. Before, two calls at once interleaved on the one connection and
+    raised apsw's ThreadingViolationError, leaving transactions half-done."""
+    view = memory.as_principal(memory.create_principal("worker", Role.MEMBER)[0])
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def work(name: str, handle: Memory) -> None:
+        barrier.wait()
+        try:
+            for i in range(40):
+                handle.remember(f"{name} note {i}", subject=f"{name} {i % 5}", key=f"{name}::{i % 7}")
+                handle.recall("note")
+                handle.list(subject=f"{name} {i % 5}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"t{n}", view if n % 2 else memory)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(list(memory.list(include_history=True))) == 4 * 40
+    assert len(list(memory.list())) == 4 * 7  # the newest value of each key
+    assert memory.verify_log().ok
+
+
+def test_a_write_group_keeps_the_handle_until_it_ends(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread's call waits for an open write group to end (it would have joined
+    its transaction, and gone with a rollback while its caller was told it was stored),
+    and the group is ended by the thread that began it."""
+    monkeypatch.setattr(memory_module, "BUSY_TIMEOUT_MS", 50)  # how long the other thread waits
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("in the group", subject="Grace")
+    outcome: list[object] = []
+
+    def other(call: str) -> None:
+        try:
+            if call == "remember":
+                memory.remember("beside it", subject="Other")
+            else:
+                group.commit()
+            outcome.append(call)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    for call in ("remember", "commit"):
+        thread = threading.Thread(target=other, args=(call,))
+        thread.start()
+        thread.join()
+    waited, foreign_commit = outcome
+    assert isinstance(waited, StoreBusyError) and "in use by another thread" in waited.message
+    assert isinstance(foreign_commit, StoreError) and "begun by another thread" in foreign_commit.message
+    group.rollback()
+    assert [r.text for r in memory.list(subject="Grace")] == []
+    thread = threading.Thread(target=other, args=("remember",))
+    thread.start()
+    thread.join()
+    assert [r.text for r in memory.list(subject="Other")] == ["beside it"]

@@ -17,7 +17,7 @@ import threading
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -209,6 +209,9 @@ class _Shared:
     reading: bool = False
     #: The write group whose transaction is open on the handle.
     group: WriteGroup | None = None
+    #: Held by the thread whose call (or write group, read snapshot, batch of entries) is
+    #: using the handle's connection: another thread's call waits its turn.
+    turn: threading.RLock = field(default_factory=threading.RLock)
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -229,10 +232,12 @@ class _RotationLockHeld(LogError):
 class Memory:
     """An open store. Use :meth:`open` or :meth:`init`; close it (or use ``with``).
 
-    One handle (with the views :meth:`as_principal` makes of it) is used from one thread
-    at a time: it holds one SQLite connection, whose transactions two threads calling at
-    once would interleave. Threads that work at once each open the store, as processes
-    do; the store's locks keep them apart."""
+    One handle (with the views :meth:`as_principal` makes of it) holds one SQLite
+    connection, whose transactions two threads calling at once would interleave: threads
+    that share a handle take turns, each call waiting for the one in progress (up to the
+    busy timeout, then StoreBusyError). A write group or a read snapshot keeps the turn
+    until it ends, and is ended by the thread that began it. Threads that should work
+    at once each open the store, as processes do; the store's locks keep them apart."""
 
     def __init__(
         self,
@@ -446,9 +451,14 @@ class Memory:
 
     def close(self) -> None:
         """Close the store. A view made by :meth:`as_principal` owns nothing: closing it
-        does nothing, and the handle that opened the store closes it."""
+        does nothing, and the handle that opened the store closes it. A call another
+        thread is making on the handle ends first."""
         if not self._owner:
             return
+        with self._turn():
+            self._close()
+
+    def _close(self) -> None:
         if self._shared.group is not None:
             self._shared.group.rollback()  # its calls were never answered
         if self._shared.unsigned and self._current_signer() is not None:
@@ -508,7 +518,8 @@ class Memory:
     def authenticate(self, api_key: str) -> Principal:
         """The principal an API key belongs to. Every refusal (malformed, unknown,
         revoked) reads the same, so a caller learns nothing about other keys."""
-        return admin.authenticate(self, api_key)
+        with self._turn():
+            return admin.authenticate(self, api_key)
 
     @guarded("principal.create", A, of_scopes)
     def create_principal(
@@ -534,16 +545,45 @@ class Memory:
     def _enter_call(
         self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
     ) -> Call:
-        return calls.enter(self, action, capability, users, request)
+        self._take_turn()
+        try:
+            return calls.enter(self, action, capability, users, request)
+        except BaseException:
+            self._shared.turn.release()
+            raise
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
-        calls.leave(self, call, error)
-        # Not while entries are deferred (in a read snapshot, or a server's group of
-        # reads): the collection takes the write lock, which such a call never waits for.
-        # Nor in a write group, whose calls' keys are not settled before it commits.
-        deferring = self._shared.deferred is not None or self._shared.group is not None
-        if self.keys.unsettled and self._current is None and not deferring and not isinstance(error, StoreBusyError):
-            self._collect_unsettled_keys()
+        try:
+            calls.leave(self, call, error)
+            # Not while entries are deferred (in a read snapshot, or a server's group of
+            # reads): the collection takes the write lock, which such a call never waits
+            # for. Nor in a write group, whose calls' keys are not settled before it commits.
+            deferring = self._shared.deferred is not None or self._shared.group is not None
+            if (
+                self.keys.unsettled
+                and self._current is None
+                and not deferring
+                and not isinstance(error, StoreBusyError)
+            ):
+                self._collect_unsettled_keys()
+        finally:
+            self._shared.turn.release()
+
+    def _take_turn(self) -> None:
+        """Wait for the handle's connection while another thread uses it (see the class)."""
+        if not self._shared.turn.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise StoreBusyError(
+                f"this store handle was in use by another thread for over {BUSY_TIMEOUT_MS / 1000:g} s:"
+                " nothing was done; a thread that must not wait opens the store itself"
+            )
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        self._take_turn()
+        try:
+            yield
+        finally:
+            self._shared.turn.release()
 
     def _collect_unsettled_keys(self) -> None:
         """Destroy the keys this handle made for writes that did not commit (refused or
@@ -573,7 +613,8 @@ class Memory:
         would; ``wait``: for readers, as a removal's scrub does. False if one still kept
         them, and the store stays marked. A server calls it as a long read of its own
         ends (see sqlitefile.scrubs_unwaited_during)."""
-        return not self.backend.scrub_pending() or self._scrub(wait=wait)
+        with self._turn():
+            return not self.backend.scrub_pending() or self._scrub(wait=wait)
 
     def _audit(self, entry: Entry) -> None:
         """A call's entry in a transaction of its own (a read's, a refusal's, a failure's);
@@ -1039,18 +1080,19 @@ class Memory:
 
     @contextmanager
     def _read_snapshot(self) -> Iterator[None]:
-        if self._shared.group is not None:
-            raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
-        batch = AuditBatch(self)
-        try:
-            with batch.collecting(), self.backend.snapshot():
-                self._shared.reading = True
-                try:
-                    yield
-                finally:
-                    self._shared.reading = False
-        finally:
-            batch.write()
+        with self._turn():
+            if self._shared.group is not None:
+                raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
+            batch = AuditBatch(self)
+            try:
+                with batch.collecting(), self.backend.snapshot():
+                    self._shared.reading = True
+                    try:
+                        yield
+                    finally:
+                        self._shared.reading = False
+            finally:
+                batch.write()
 
     def write_group(self) -> WriteGroup:
         """A group in which write calls on this handle share one transaction, committed

@@ -18,6 +18,7 @@ committed and signed once, and again no call answered before the commit.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
@@ -48,11 +49,12 @@ class AuditBatch:
         """Calls on the handle (or on a view of it) in the block add their entries here.
         Blocks nest: the innermost collects."""
         shared = self.memory._shared
-        outer, shared.deferred = shared.deferred, self._entries
-        try:
-            yield
-        finally:
-            shared.deferred = outer
+        with self.memory._turn():
+            outer, shared.deferred = shared.deferred, self._entries
+            try:
+                yield
+            finally:
+                shared.deferred = outer
 
     def write(self) -> None:
         """Write the entries collected so far, all in one transaction; they leave the
@@ -62,6 +64,10 @@ class AuditBatch:
         and commit with it."""
         if not self._entries:
             return
+        with self.memory._turn():
+            self._write()
+
+    def _write(self) -> None:
         if self.memory._shared.reading:
             raise StoreError("an audit batch cannot be written inside a read snapshot: write it once the snapshot ends")
         written = self._entries[:]
@@ -104,7 +110,8 @@ class WriteGroup:
 
     The log's new entries are signed once, as the group commits (when this handle's
     checkpoint interval says so, as a single write's would be). While the group is open,
-    any call on the handle outside :meth:`joining` is refused (StoreError), a read
+    it keeps the handle's turn: a call from another thread waits for it to end, and one
+    from its own thread outside :meth:`joining` is refused (StoreError), a read
     included, since every call writes its audit entry; so, inside it, are removals (which
     must truncate the -wal after their own commit) and read snapshots. A group is used
     once: after it has committed or rolled back, joining it is refused, and so is
@@ -117,6 +124,7 @@ class WriteGroup:
         self._after: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
         self._ended: str | None = None  # "committed" or "rolled back"
+        self._thread: int | None = None  # the thread that began it
 
     @property
     def open(self) -> bool:
@@ -125,20 +133,37 @@ class WriteGroup:
 
     def begin(self) -> None:
         """Begin the group's transaction, if it has not begun: it takes the write lock
-        (StoreBusyError, having changed nothing, if another connection holds it)."""
-        shared = self.memory._shared
+        (StoreBusyError, having changed nothing, if another connection holds it), and the
+        handle's turn (see :class:`~deleatur.Memory`), which the group keeps until it ends:
+        calls from other threads wait for it."""
         if self._ended is not None:
             raise StoreError(f"this write group has {self._ended}: make a new one (Memory.write_group())")
+        if self._transaction is not None:
+            self._check_thread()
+            return
+        self.memory._take_turn()
+        try:
+            self._begin()
+        except BaseException:
+            self.memory._shared.turn.release()
+            raise
+        self._thread = threading.get_ident()
+
+    def _begin(self) -> None:
+        shared = self.memory._shared
         if shared.reading:
             raise StoreError("a write group cannot begin inside a read snapshot")
-        if shared.group is not None and shared.group is not self:
+        if shared.group is not None:
             raise StoreError("another write group is open on this store handle: commit it first")
-        if self._transaction is None:
-            self.memory._refresh()  # a closed handle is refused as every call refuses it
-            transaction = self.memory.backend.atomic()
-            transaction.__enter__()
-            self._transaction = transaction
-            shared.group = self
+        self.memory._refresh()  # a closed handle is refused as every call refuses it
+        transaction = self.memory.backend.atomic()
+        transaction.__enter__()
+        self._transaction = transaction
+        shared.group = self
+
+    def _check_thread(self) -> None:
+        if self._thread != threading.get_ident():
+            raise StoreError("this write group was begun by another thread: that thread joins it and ends it")
 
     @contextmanager
     def joining(self) -> Iterator[None]:
@@ -165,9 +190,15 @@ class WriteGroup:
         :meth:`rollback`, or as its handle closed), so its calls' writes are gone."""
         if self._ended == "rolled back":
             raise StoreError("this write group was rolled back: nothing its calls wrote was committed")
-        transaction = self._transaction
-        if transaction is None:
+        if self._transaction is None:
             return  # it has committed, or nothing joined it
+        self._check_thread()
+        try:
+            self._commit(self._transaction)
+        finally:
+            self.memory._shared.turn.release()
+
+    def _commit(self, transaction: AbstractContextManager[None]) -> None:
         self._ended = "committed"
         try:
             signed = self.memory._sign_group()
@@ -194,7 +225,11 @@ class WriteGroup:
         if self._ended == "committed":
             raise StoreError("this write group has committed: its calls' writes are stored")
         if self._transaction is not None:
-            self._end(StoreError("the write group was rolled back"))
+            self._check_thread()
+            try:
+                self._end(StoreError("the write group was rolled back"))
+            finally:
+                self.memory._shared.turn.release()
         self._ended = "rolled back"
 
     def _end(self, error: BaseException) -> None:
