@@ -4,6 +4,7 @@ leaves the store exactly as it was."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Memory, StoreBusyError
+from deleatur import Memory, NewMemory, StoreBusyError
 from deleatur.ids import is_record_id
 from deleatur.memory import keystore_path
 from deleatur.model import check_who
@@ -192,7 +193,8 @@ def test_space_options_scope_every_command(cli: Cli, store: Path) -> None:
         (("serve", "mcp", "--transport", "http", "--port", "70000"), None, "'--port': 70000 is not a port"),
         (("nonesuch",), None, "No such command 'nonesuch'"),
         # A negative number is a number, refused by the command's own check, not an unknown option.
-        (("retention", "set", "run", "-1"), None, "a retention period must be a positive number of days"),
+        (("retention", "set", "run", "-1"), None, "a retention period must be a number of days from one second"),
+        (("retention", "set", "run", "1e-12"), None, "a retention period must be a number of days from one second"),
         (("log", "prove", "-3"), None, "index must be an integer from 0"),
     ],
 )
@@ -289,6 +291,35 @@ def test_unusable_paths_and_names_exit_2_in_one_line(cli: Cli, store: Path, tmp_
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_no_output_is_written_over_the_stores_own_files(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """An export, receipt or checkpoint written over the master key, the key store or the
+    database destroyed the store (an export over the master key made every record
+    unreadable). Each of them, a file named after the store beside it that does not exist
+    yet, and a hard link to the master key elsewhere, is refused before anything is
+    written, and the store is as it was."""
+    master = store.with_name(store.name + ".master-key")
+    os.link(master, tmp_path / "innocent.txt")
+    keys = [master, store.with_name(store.name + ".signing-key")]
+    before = {p: p.read_bytes() for p in keys}
+    named = [store, master, store.with_name(store.name + ".keys"), store.with_name(store.name + ".signing-key")]
+    for path in [*named, store.with_name(store.name + "-wal"), tmp_path / "innocent.txt"]:
+        for args in (
+            ("export", "--subject", "Alice", "--out", str(path)),
+            ("remember", "more", "--subject", "Bo", "--receipt", str(path)),
+            ("log", "checkpoint", "--out", str(path)),
+        ):
+            code, out, err = cli(*args)
+            assert (code, out) == (2, ""), (args, err)
+            assert (
+                err == f"error: cannot write {path}: it is one of the store's own files (or named after the store"
+                " beside it), which it would destroy; name another file\n"
+            )
+    assert cli("list", "--subject", "Bo", "--json")[1] == "[]\n"
+    assert {p: p.read_bytes() for p in keys} == before
+    assert cli("get", json.loads(cli("list", "--json")[1])[0]["id"])[0] == 0  # its keys read it still
+    assert cli("log", "verify")[0] == 0
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full, a file no write fits in")
 def test_a_receipt_that_cannot_be_written_after_its_record_says_the_record_was(cli: Cli, store: Path) -> None:
     """Only the write itself finds that the disk is full, after the record committed: the
@@ -370,6 +401,31 @@ def test_real_process_exit_codes_and_stdin(tmp_path: Path) -> None:
             unwritten = subprocess.run(command, env=env, stdout=full, stderr=subprocess.PIPE, check=False)
         assert unwritten.returncode == 1
         assert unwritten.stderr == b"error: cannot write the output: No space left on device\n"
+
+
+def test_a_long_output_its_reader_or_disk_refuses_is_told_as_such(tmp_path: Path) -> None:
+    """A listing longer than standard output's buffer meets a full disk while the command
+    runs: that was "internal error (OSError)". A reader gone (`| head`) ends the command
+    quietly with 1, as a short output's does."""
+    store = tmp_path / "long.db"
+    memory, _ = Memory.init(store)
+    memory.remember_many(NewMemory(f"note number {i} " + "x" * 200, subject="Long") for i in range(2000))
+    memory.close()
+    env = {"DELEATUR_STORE": str(store), "PATH": "/usr/bin:/bin"}
+    command = [str(DELEATUR), "list", "--json"]
+    if Path("/dev/full").exists():  # Linux: a file no write fits in, as a full disk
+        with open("/dev/full", "wb") as full:
+            unwritten = subprocess.run(command, env=env, stdout=full, stderr=subprocess.PIPE, check=False)
+        assert (unwritten.returncode, unwritten.stderr) == (
+            1,
+            b"error: cannot write the output: No space left on device\n",
+        )
+    reader = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.read(100)  # the command has begun writing; its reader goes
+    reader.stdout.close()
+    assert reader.wait(timeout=60) == 1
+    assert reader.stderr.read() == b""
 
 
 def test_the_command_line_loads_no_server_until_one_is_served() -> None:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory, Role, Space, SpaceFilter
+from deleatur import InvalidInputError, Memory, NewMemory, Role, Space, SpaceFilter, from_bytes
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
 from deleatur.log.note import Note, open_note
 
-from .conftest import Cli
+from .conftest import MASTER, Cli
 
 
 @pytest.fixture
@@ -329,3 +329,73 @@ def test_export_holds_the_decisions_and_calls_about_the_subject_only(memory: Mem
     with (tmp_path / "bundle" / "decisions.csv").open(encoding="utf-8") as handle:
         [row] = list(csv.DictReader(handle))
     assert row["id"] == decision.id
+
+
+def _export(memory: Memory, **who: str) -> dict[str, Any]:
+    buffer = io.StringIO()
+    memory.export_json(buffer, **who)
+    data: dict[str, Any] = json.loads(buffer.getvalue())
+    return data
+
+
+def test_a_subjects_export_shows_its_own_redactions_and_no_one_elses(memory: Memory) -> None:
+    """A decision's redactions name the request that took records from it: Bob's erasure
+    is not Alice's to see (its request id and Bob's record id were in her export), her
+    own correction of a value the decision used is."""
+    alice = memory.remember("Alice may get refunds", subject="Alice", key="alice::refunds")
+    kept = memory.remember("Alice pays by card", subject="Alice")
+    bob = memory.remember("Bob owes 30 euros", subject="Bob Stone")
+    decision = memory.record_decision("refund for Alice, offset against Bob", [alice.id, kept.id, bob.id])
+    memory.erase("Bob Stone", request_id="DSAR-BOB-STONE", basis="Art. 17(1)(a)", requester="dpo")
+    assert [r["request"] for r in memory.explain_decision(decision.id).body["redactions"]] == ["DSAR-BOB-STONE"]
+    data = _export(memory, subject="Alice")
+    [shown] = data["decisions"]
+    assert shown["redactions"] == []
+    exported = json.dumps(data)
+    assert "DSAR-BOB-STONE" not in exported and bob.id not in exported
+    fixed = memory.rectify(
+        "alice::refunds", "Alice may not get refunds", reason="wrong", actor="dpo", erase_previous=True
+    )
+    [redaction] = [r for r in memory.explain_decision(decision.id).body["redactions"] if r["by"] == "rectification"]
+    assert redaction["request"] == fixed.id
+    assert [r["by"] for r in _export(memory, subject="Alice")["decisions"][0]["redactions"]] == ["rectification"]
+    assert _export(memory, subject="Bob Stone")["decisions"] == []
+
+
+def test_a_scoped_keys_user_export_shows_the_audit_as_audit_show_does(memory: Memory) -> None:
+    """A key scoped to users reads the audit entries of a user export as `audit show`
+    shows them: no call that names a user beyond its scopes, the subject by the key's own
+    pseudonym, and no sealed subject (before, the export gave it the raw entries)."""
+    scoped_principal, _ = memory.create_principal("support desk", Role.MEMBER, scopes=["support"])
+    scoped = memory.as_principal(scoped_principal)
+    memory.create_principal("two users", Role.VIEWER, scopes=["support", "default"])  # names both users
+    scoped.remember("Alice's ticket", subject="Alice Martin", space=Space("support"))
+    scoped.erase(
+        "Alice Martin", request_id="DRY-1", basis="b", requester="r", scope=SpaceFilter("support"), dry_run=True
+    )
+    shown = [a.to_json() for a in scoped.audit_entries()]
+    entries = [item["entry"] for item in _export(scoped, user_id="support")["audit"]]
+    assert entries and all("sealed" not in e for e in entries)
+    assert all(e["users"] and set(e["users"]) <= {u for s in shown for u in s.get("users", [])} for e in entries)
+    assert [e.get("action") for e in entries].count("principal.create") == 1  # its own key's, not the other
+    subjects = {e["subject"] for e in entries if "subject" in e}
+    assert subjects and all(s.startswith("spsn:") for s in subjects)
+    assert subjects <= {s["subject"] for s in shown if "subject" in s}
+    # The unscoped export keeps the entries as logged (a receipt proves each one).
+    raw = [item["entry"] for item in _export(memory, user_id="support")["audit"]]
+    assert [e.get("action") for e in raw].count("principal.create") == 2
+
+
+def test_the_exports_checkpoint_covers_the_entries_it_lists(store_path: Path) -> None:
+    """Writes within a handle's checkpoint interval are not signed yet: the export's
+    checkpoint was the last one stored, which none of them was under."""
+    Memory.init(store_path, from_bytes(MASTER))[0].close()
+    memory = Memory.open(store_path, from_bytes(MASTER), checkpoint_interval_us=3_600_000_000)
+    for i in range(5):
+        memory.remember(f"note {i}", subject="Cora")
+    assert memory.unsigned
+    data = _export(memory, subject="Cora")
+    size = Checkpoint.parse(Note.parse(data["checkpoint"]).text).size
+    listed = [item["index"] for record in data["records"] for item in record["log"]]
+    assert listed and max(listed) < size
+    memory.close()

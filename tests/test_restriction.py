@@ -73,6 +73,23 @@ def test_a_legal_claim_allows_a_correction_but_never_hard_deletes_restricted_val
     assert [r.id for r in memory.history("rita::phone")] == [first.id, fixed.id]
 
 
+def test_erasing_previous_values_spares_none_of_a_restricted_subject(memory: Memory) -> None:
+    """A key's earlier value may be another subject's: rectify --erase-previous hard-deleted
+    it though its subject was restricted, which keeps it (a purge keeps it too)."""
+    alice = memory.remember("Alice's address 1 Rue X", subject="Alice", key="shared::addr")
+    memory.remember("Bob's address 2 Rue Y", subject="Bob", key="shared::addr")
+    memory.restrict("Alice", reason="needed for my legal claim", actor="dpo")
+    for claim in (False, True):
+        with pytest.raises(RestrictedSubjectError, match="only kept until the restriction is lifted"):
+            memory.rectify(
+                "shared::addr", "Bob's 3 Rue Z", reason="typo", actor="a", erase_previous=True, for_legal_claim=claim
+            )
+    assert memory.get(alice.id).text == "Alice's address 1 Rue X"
+    assert [r.text for r in memory.history("shared::addr")] == ["Alice's address 1 Rue X", "Bob's address 2 Rue Y"]
+    memory.rectify("shared::addr", "Bob's 3 Rue Z", reason="typo", actor="a")  # kept in history, it may be
+    assert memory.get(alice.id).text == "Alice's address 1 Rue X"
+
+
 def test_deriving_from_a_restricted_subjects_record_is_refused_unless_for_a_legal_claim(memory: Memory) -> None:
     source = memory.remember("Alice phone +100", subject="Alice")
     memory.restrict("Alice", reason="contested", actor="dpo")

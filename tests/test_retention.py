@@ -33,8 +33,11 @@ def test_policy_sets_expiry_by_kind_of_space(memory: Memory, clock: FakeClock) -
     assert memory.retention_policy()["run"] is None
     with pytest.raises(InvalidInputError, match="not 'session'"):
         memory.set_retention("session", 1)
-    with pytest.raises(InvalidInputError, match="positive"):
-        memory.set_retention("run", 0)
+    for too_short in (0, 1e-12, 0.5 / 86_400):  # 1e-12 days was kept as 0 µs: every record born expired
+        with pytest.raises(InvalidInputError, match="from one second"):
+            memory.set_retention("run", too_short)
+    memory.set_retention("run", 1 / 86_400)
+    assert memory.retention_policy()["run"] == 1 / 86_400
 
 
 def test_purges_in_the_same_second_are_two_requests(memory: Memory, clock: FakeClock) -> None:

@@ -910,6 +910,10 @@ class Memory:
         if call is not None and not call.logged:
             with self._logged(sign=True):
                 pass  # the call's own entry, covered by the checkpoint it hands out
+        return self._signed_checkpoint()
+
+    def _signed_checkpoint(self) -> Note:
+        """The newest checkpoint, signed now if the log grew since."""
         latest = self.backend.checkpoint()
         if latest is not None and latest[0] == self.backend.log_size():
             return Note.parse(latest[1])
@@ -1597,7 +1601,11 @@ class Memory:
                 derived_from=current.derived_from,
                 expires_at=current.expires_at,
             )
-            earlier = {r.id for r in self._key_rows(space, key_ref)} if erase_previous else set()
+            earlier_rows = builtins.list(self._key_rows(space, key_ref)) if erase_previous else []
+            # An earlier value may be another subject's (a key's values need not share one),
+            # whose restriction keeps it as firmly as the current value's keeps that.
+            check_writable(self, [r.subject_ref for r in earlier_rows], for_legal_claim=None)
+            earlier = {r.id for r in earlier_rows}
             record = self._write(
                 item,
                 space,

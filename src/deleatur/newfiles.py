@@ -12,7 +12,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +26,27 @@ except ImportError:  # Windows: init_lock falls back to a lock file created excl
     _FLOCK = False
 else:
     _FLOCK = True
+
+
+def store_file(store_path: Path, path: Path, others: Iterable[Path] = ()) -> bool:
+    """Whether ``path`` is one of a store's own files, or could become one: a file named
+    after the store beside it (the database and its -wal, the key store, the signing and
+    master keys, their locks...), one of ``others`` (a master key file kept elsewhere),
+    or a link to any of them. Written over, it would destroy the store, its keys among it."""
+    target, store = path.resolve(), store_path.resolve()
+    if target.parent == store.parent and target.name.startswith(store.name):
+        return True
+    if not target.exists():
+        return False
+    for other in others:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, other):
+                return True
+    with contextlib.suppress(OSError):
+        beside = [p for p in store.parent.iterdir() if p.name.startswith(store.name)]
+        return any(os.path.samefile(target, p) for p in beside)  # a hard link
+    return False
+
 
 # Errors of a new file that are its directory's: no file at all can be made there.
 _DIRECTORY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR})

@@ -136,7 +136,7 @@ def _entries(
     scan: int | None,
 ) -> Iterator[AuditEntry]:
     principal = memory.principal
-    scoped = None if principal.scopes is None else _ScopedView(memory, principal.scopes)
+    scoped = None if principal.scopes is None else ScopedView(memory, principal.scopes)
     may_unseal = scoped is None and Capability.READ in principal.capabilities
     shown = read = 0
     for index, raw, user in memory.backend.log_entries_with_users(memory.tenant, start):
@@ -169,7 +169,7 @@ def _entries(
     trail.resume = None
 
 
-class _ScopedView:
+class ScopedView:
     """The trail as a key scoped to ``scopes`` sees it (see the module's docstring)."""
 
     def __init__(self, memory: Memory, scopes: frozenset[str]) -> None:

@@ -4,13 +4,14 @@ the product lives here."""
 
 from __future__ import annotations
 
+import errno
 import getpass
 import json
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
 from rich.table import Table
@@ -310,7 +311,46 @@ def _fail(message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+class _OutputError(OSError):
+    """Standard output could not be written (a full disk, a reader gone): told apart from
+    an OSError the work itself met, which is an internal error."""
+
+
+class _Stdout:
+    """Standard output as the commands write it, its failures raised as its own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _OutputError(exc.errno, exc.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _OutputError(exc.errno, exc.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _output_failed(exc: OSError) -> NoReturn:
+    # Nothing of it is to be flushed again as the process exits.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if exc.errno == errno.EPIPE:
+        # Its reader has gone (`| head`): exit 1 quietly, as click does when it meets this
+        # while the command runs; the reader took what it wanted.
+        raise SystemExit(1)
+    _fail(f"cannot write the output: {exc.strerror}", 1)
+
+
 def main() -> None:
+    if sys.stdout is sys.__stdout__ and sys.stdout is not None:
+        sys.stdout = _Stdout(sys.stdout)
     try:
         # Not click's standalone mode, whose usage errors are a box of several lines:
         # an agent that reads stderr gets one line, as from every other error.
@@ -323,6 +363,8 @@ def main() -> None:
         _fail("aborted", 1)
     except DeleaturError as exc:
         _fail(exc.message, exc.exit_code)
+    except _OutputError as exc:
+        _output_failed(exc)
     except Exception as exc:
         if os.environ.get("DELEATUR_DEBUG"):
             raise
@@ -331,12 +373,10 @@ def main() -> None:
     try:
         # What standard output still buffers (all of a short listing) is written here, so
         # that a full disk or a reader gone is told as such (a longer output meets it
-        # while the command runs: an internal error, as any OSError there).
+        # while the command runs: _OutputError, above).
         sys.stdout.flush()
     except OSError as exc:
-        # Nothing of it is to be flushed again as the process exits.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        _fail(f"cannot write the output: {exc.strerror}", 1)
+        _output_failed(exc)
     # Out of standalone mode, typer.Exit(code) (a failed verification, Ctrl-C's 130)
     # comes back as the return value instead of ending the process.
     if isinstance(status, int) and status:

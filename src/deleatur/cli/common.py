@@ -23,6 +23,7 @@ from ..log.note import NoteError, Verifier, parse_verifier
 from ..log.report import Report
 from ..memory import Memory
 from ..model import utf8_text
+from ..newfiles import store_file
 
 app = typer.Typer(
     name="deleatur",
@@ -182,6 +183,7 @@ def read_input(path: str) -> str:
 def check_output_path(path: Path) -> None:
     """Refuse an output file that could not be written, before the work that produces
     it changes anything: a write whose receipt then fails would be retried, twice."""
+    _not_the_stores(path)
     if path.is_dir():
         raise InvalidInputError(f"cannot write {path}: it is a directory")
     if not path.parent.is_dir():
@@ -190,11 +192,21 @@ def check_output_path(path: Path) -> None:
         raise InvalidInputError(f"cannot write {path}: permission denied")
 
 
+def _not_the_stores(path: Path) -> None:
+    others = [] if Options.key_file is None else [Options.key_file]
+    if store_file(Options.store, path, others):
+        raise InvalidInputError(
+            f"cannot write {path}: it is one of the store's own files (or named after the store beside it),"
+            " which it would destroy; name another file"
+        )
+
+
 def write_output(path: Path | None, text: str) -> None:
     """Write to ``path``, or to standard output when no path is given."""
     if path is None:
         sys.stdout.write(text)
         return
+    _not_the_stores(path)
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -49,6 +49,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from ..access.audit import ScopedView
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
 from ..erasure.requests import ErasureRequest, user_reference
@@ -218,11 +219,17 @@ class _Export:
         pseudonym = self.memory.keys.pseudonym(self.memory.tenant, self.ref, self.subject or "")
         return [r.to_json() for r in restrictions(self.memory) if r.subject == pseudonym]
 
-    def decisions(self) -> list[dict[str, Any]]:
+    def decisions(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The snapshots that used the exported records; ``requests``: the exported erasure requests."""
+        request_ids = {r["id"] for r in requests}
         out = []
         for decision_id in sorted(self.decision_ids):
             body = explain_any(self.memory, decision_id, self.memory.log.verifiers()).body
             mine = [b for b in body["beliefs"] if b["record"] in self.exported_ids]
+            # A redaction names the request that took records from the snapshot (an
+            # erasure's, or a rectification's new record) and the records it took: another
+            # person's erasure is theirs, as their beliefs are.
+            redactions = [r for r in body["redactions"] if self._own_redaction(r, request_ids)]
             out.append(
                 {
                     "id": body["id"],
@@ -230,12 +237,21 @@ class _Export:
                     "actor": body["actor"],
                     "summary": body["summary"],
                     "sha256": hashlib.sha256(canonical(body)).hexdigest(),
-                    "redactions": body["redactions"],
+                    "redactions": redactions,
                     "beliefs": mine,
                 }
             )
         self.decision_count = len(out)
         return out
+
+    def _own_redaction(self, redaction: dict[str, Any], request_ids: set[str]) -> bool:
+        request = redaction["request"]
+        if request in request_ids:
+            return True
+        if redaction["by"] != "rectification":
+            return False
+        row = self.memory.backend.get(self.memory.tenant, request)  # the correction, where it is held
+        return row is not None and self.scope.matches(row.space) and self.ref in (None, row.subject_ref)
 
     def audit_trail(self) -> Iterator[dict[str, Any]]:
         """The calls that named this subject (by pseudonym) or this user (by token)."""
@@ -246,11 +262,22 @@ class _Export:
             token = self.memory._user_token(self.scope.user_id)
         if token is None:
             return
+        scopes = self.memory.principal.scopes
+        # A key scoped to users reads the entries as `audit show` shows it them: only those
+        # whose users are all within its scopes, the subject by its own pseudonym.
+        scoped = None if scopes is None else ScopedView(self.memory, scopes)
         for index, raw in self.memory.backend.log_entries_naming(token):
             entry = json.loads(raw)
-            if entry.get("tenant") == self.memory.tenant:
-                self.audit_entries += 1
-                yield {"index": index, "entry": entry}
+            if entry.get("tenant") != self.memory.tenant:
+                continue
+            if scoped is not None:
+                decoded = Entry.decode(raw)
+                # Only call entries name a user: no record's user is needed to judge them.
+                if not scoped.shows(decoded, None):
+                    continue
+                entry = json.loads(scoped.unlinked(decoded).encode())
+            self.audit_entries += 1
+            yield {"index": index, "entry": entry}
 
     def audit(self) -> None:
         fields: dict[str, object] = {"tenant": self.memory.tenant, "kind": "subject" if self.ref else "user"}
@@ -287,9 +314,10 @@ def export_json(
             for record, log in batch:
                 out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
                 first = False
-    out.write('], "erasure_requests": ' + json.dumps(job.requests(), ensure_ascii=False))
+    requests = job.requests()
+    out.write('], "erasure_requests": ' + json.dumps(requests, ensure_ascii=False))
     out.write(', "restrictions": ' + json.dumps(job.restrictions(), ensure_ascii=False))
-    out.write(', "decisions": ' + json.dumps(job.decisions(), ensure_ascii=False))
+    out.write(', "decisions": ' + json.dumps(job.decisions(requests), ensure_ascii=False))
     out.write(', "audit": [' + ",\n".join(json.dumps(item) for item in job.audit_trail()) + "]")
     out.write(', "counts": ' + json.dumps(job.counts()) + "}\n")
     job.audit()
@@ -348,9 +376,10 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
                     records.writerow(_inert(row))
                     for item in entries:
                         log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
-    _write_table(directory / "erasure_requests.csv", job.requests())
+    requests = job.requests()
+    _write_table(directory / "erasure_requests.csv", requests)
     _write_table(directory / "restrictions.csv", job.restrictions())
-    _write_table(directory / "decisions.csv", job.decisions())
+    _write_table(directory / "decisions.csv", job.decisions(requests))
     with _private(directory / "audit.csv") as audit_file:
         audit = csv.writer(audit_file)
         audit.writerow(["index", "entry"])
@@ -368,6 +397,11 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
 
 
 def _checkpoint(memory: Memory) -> str | None:
+    """The newest signed checkpoint, signed now if the log grew since (entries a handle
+    wrote within its checkpoint interval, which the export lists, are then covered by it);
+    a store that cannot sign gives the newest it has."""
+    if memory.log.signer is not None:
+        return memory._signed_checkpoint().format()
     latest = memory.backend.checkpoint()
     return None if latest is None else latest[1]
 

@@ -33,6 +33,7 @@ BASIS = "Art. 5(1)(e) storage limitation"
 _DAY_US = 86_400 * 1_000_000
 #: About 2,700 years: longer periods mean "keep"; they would overflow SQLite's 64-bit times.
 MAX_DAYS = 1_000_000
+_MIN_DAYS = 1_000_000 / _DAY_US
 
 
 def space_kind(space: Space) -> str:
@@ -49,8 +50,12 @@ def _setting(memory: Memory, kind: str) -> str:
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
         raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
-    if days is not None and not 0 < check_number(days, "days") <= MAX_DAYS:
-        raise InvalidInputError(f"a retention period must be a positive number of days, at most {MAX_DAYS:,}")
+    # At least a second: a shorter one (1e-12 days) was stored as 0 µs, and every record
+    # of the kind was born expired, written but never recalled.
+    if days is not None and not _MIN_DAYS <= check_number(days, "days") <= MAX_DAYS:
+        raise InvalidInputError(
+            f"a retention period must be a number of days from one second ({_MIN_DAYS:.3g}) to {MAX_DAYS:,}"
+        )
     with memory._logged():  # the change and its audit entry commit together
         memory.backend.put_setting(_setting(memory, kind), None if days is None else str(int(days * _DAY_US)))
 
