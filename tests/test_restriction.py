@@ -11,7 +11,7 @@ from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError
 from deleatur.log.entries import Entry, EventType
 from deleatur.rights.restriction import RestrictedSubjectError
 
-from .conftest import Cli, store_files
+from .conftest import Cli, FakeClock, store_files
 
 
 def test_restricted_records_are_kept_but_not_recalled_or_written(memory: Memory) -> None:
@@ -174,3 +174,22 @@ def test_actors_and_requesters_are_one_line_as_over_http(memory: Memory) -> None
         memory.unrestrict("Alice", actor="dpo\rforged")
     assert len(memory.restrictions()) == 1
     assert memory.backend.log_size() > size  # the refused calls are audited, nothing else changed
+
+
+def test_a_restriction_is_not_restated_over_itself(memory: Memory, clock: FakeClock) -> None:
+    """Restricting a restricted subject again replaced its reason, actor and time, and no
+    entry kept the first reason. The same restriction again (a retry) changes nothing; one
+    for another reason is refused until the first is lifted."""
+    memory.remember("Alice's note", subject="Alice")
+    first = memory.restrict("Alice", reason="needed for my legal claim", actor="dpo1")
+    size = memory.backend.log_size()
+    clock.advance(60)
+    assert memory.restrict("alice", reason=" needed for my legal claim ", actor="dpo2") == first
+    with pytest.raises(RestrictedSubjectError, match=r"already restricted, since .* by dpo1, for another reason"):
+        memory.restrict("Alice", reason="second thoughts", actor="intern")
+    assert memory.restrictions() == [first]
+    restricts = [Entry.decode(raw) for _, raw in memory.backend.log_entries_naming(first.subject)]
+    assert [e.type for e in restricts].count(EventType.RESTRICT) == 1
+    assert memory.backend.log_size() > size  # the calls are audited all the same
+    memory.unrestrict("Alice", actor="dpo1")
+    assert memory.restrict("Alice", reason="second thoughts", actor="intern").reason == "second thoughts"

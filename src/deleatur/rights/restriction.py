@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..clock import from_isoformat, isoformat
 from ..crypto.keystore import _frame
@@ -62,6 +63,15 @@ def restrict(memory: Memory, subject: str, *, reason: str, actor: str) -> Restri
         aead = memory._key_not_pending(ref)[1]
         pseudonym = memory.keys.pseudonym(memory.tenant, ref, canonical)
         assert pseudonym is not None  # the key was just read, and only a pending key is destroyed
+        for row in memory.backend.restrictions(memory.tenant, ref):
+            # Restated, a restriction kept no trace of its first reason, actor and time.
+            kept = Restriction(pseudonym, _reason(memory, aead, ref, row), str(row["actor"]), int(row["since"]))
+            if kept.reason != reason.strip():
+                raise RestrictedSubjectError(
+                    f"this subject is already restricted, since {isoformat(kept.since)} by {kept.actor}, for another"
+                    " reason: lift the restriction first to restate it"
+                )
+            return kept  # a retry of the same restriction changes nothing
         nonce = memory._random(_NONCE)
         now = memory._clock()
         sealed = nonce + aead.encrypt(nonce, reason.strip().encode("utf-8"), _aad(memory, ref))
@@ -115,16 +125,20 @@ def check_writable(memory: Memory, subject_refs: list[bytes], *, for_legal_claim
         )
 
 
+def _reason(memory: Memory, aead: AESGCM, ref: bytes, row: Mapping[str, Any]) -> str:
+    sealed = bytes(row["reason"])
+    try:
+        return aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], _aad(memory, ref)).decode()
+    except InvalidTag:
+        raise IntegrityError("a restriction's reason failed authentication") from None
+
+
 def restrictions(memory: Memory) -> list[Restriction]:
     out = []
     for row in memory.backend.restrictions(memory.tenant):
-        ref, sealed = bytes(row["subject_ref"]), bytes(row["reason"])
+        ref = bytes(row["subject_ref"])
         reason = None
         if memory.keys.has_key(memory.tenant, ref):
-            aead = memory.keys.key_for_subject(memory.tenant, ref)[1]
-            try:
-                reason = aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], _aad(memory, ref)).decode()
-            except InvalidTag:
-                raise IntegrityError("a restriction's reason failed authentication") from None
+            reason = _reason(memory, memory.keys.key_for_subject(memory.tenant, ref)[1], ref, row)
         out.append(Restriction(str(row["pseudonym"]), reason, str(row["actor"]), int(row["since"])))
     return out
