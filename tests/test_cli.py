@@ -320,6 +320,32 @@ def test_no_output_is_written_over_the_stores_own_files(cli: Cli, store: Path, t
     assert cli("log", "verify")[0] == 0
 
 
+def test_no_output_is_written_over_the_files_of_a_store_reached_through_a_link(cli: Cli, tmp_path: Path) -> None:
+    """A store named by a link keeps its keys beside the link, named after it, and its
+    database where the link leads: an output named after either is refused, a CSV
+    bundle's directory too (a directory named like the store's journal made it unusable)."""
+    assert cli("--store", str(tmp_path / "real" / "data.db"), "init")[0] == 0
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "mem.db").symlink_to(tmp_path / "real" / "data.db")
+    for suffix in (".keys", ".master-key", ".signing-key"):
+        (tmp_path / "real" / f"data.db{suffix}").rename(live / f"mem.db{suffix}")
+    store = ("--store", str(live / "mem.db"))
+    assert cli(*store, "remember", "Alice's note", "-s", "Alice")[0] == 0
+    master = (live / "mem.db.master-key").read_bytes()
+    for out, fmt in (
+        (live / "mem.db.master-key", "json"),
+        (live / "mem.db-journal", "csv"),
+        (tmp_path / "real" / "data.db-journal", "csv"),
+        (tmp_path / "real" / "data.db.export", "json"),
+    ):
+        code, _, err = cli(*store, "export", "--subject", "Alice", "--format", fmt, "--out", str(out))
+        assert code == 2 and "it is one of the store's own files" in err, (out, err)
+        assert not out.exists() or out == live / "mem.db.master-key"
+    assert (live / "mem.db.master-key").read_bytes() == master
+    assert cli(*store, "list", "--json")[0] == 0
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full, a file no write fits in")
 def test_a_receipt_that_cannot_be_written_after_its_record_says_the_record_was(cli: Cli, store: Path) -> None:
     """Only the write itself finds that the disk is full, after the record committed: the

@@ -7,6 +7,7 @@ import multiprocessing
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
@@ -168,3 +169,77 @@ def test_a_write_group_keeps_the_handle_until_it_ends(memory: Memory, monkeypatc
     thread.start()
     thread.join()
     assert [r.text for r in memory.list(subject="Other")] == ["beside it"]
+
+
+def _each_in_a_thread_of_its_own(*steps: Callable[[], object]) -> list[BaseException]:
+    """Run ``steps`` one after another, each in its own thread, all kept alive until the
+    last is done (a thread that ended may hand its id to the next one); what they raised."""
+    errors: list[BaseException] = []
+    go = [threading.Event() for _ in steps]
+    done = [threading.Event() for _ in steps]
+    end = threading.Event()
+
+    def worker(n: int) -> None:
+        go[n].wait()
+        try:
+            steps[n]()
+        except BaseException as exc:
+            errors.append(exc)
+        done[n].set()
+        end.wait()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(len(steps))]
+    for thread in threads:
+        thread.start()
+    for n in range(len(steps)):
+        go[n].set()
+        done[n].wait()
+    end.set()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def test_a_read_snapshot_may_move_between_threads(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server enters a read snapshot, verifies in it and ends it each in a worker thread
+    of its own, one after another: the snapshot holds no thread's turn, so the verification
+    (which waited out the busy timeout) and the ending (which raised RuntimeError on a lock
+    it did not hold) both work."""
+    monkeypatch.setattr(memory_module, "BUSY_TIMEOUT_MS", 50)
+    memory.remember("a note", subject="Ida")
+    snapshot = memory.read_snapshot()
+    reports = []
+    errors = _each_in_a_thread_of_its_own(
+        snapshot.__enter__,
+        lambda: reports.append(memory.verify_log()),
+        lambda: snapshot.__exit__(None, None, None),
+    )
+    assert errors == [] and [r.ok for r in reports] == [True]
+    memory.remember("after it", subject="Ida")  # the handle is free
+    assert len(list(memory.list(subject="Ida"))) == 2
+
+
+def test_a_stream_reads_in_the_handles_turn(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing is read after its call returned: each step reads the connection, and so
+    waits for another thread's turn (a write group's here) as a call would."""
+    monkeypatch.setattr(memory_module, "BUSY_TIMEOUT_MS", 50)
+    memory.remember_many(NewMemory(f"note {i}", subject="Joe") for i in range(3))
+    stream = memory.list(subject="Joe")
+    group = memory.write_group()
+    begun, stepped = threading.Event(), threading.Event()
+
+    def hold_the_turn() -> None:
+        group.begin()
+        begun.set()
+        stepped.wait()
+        group.rollback()
+
+    holder = threading.Thread(target=hold_the_turn)
+    holder.start()
+    begun.wait()
+    with pytest.raises(StoreBusyError, match="in use by another thread"):
+        next(stream)
+    stepped.set()
+    holder.join()
+    assert list(stream) == []  # a stream that raised has ended, as any generator
+    assert [r.text for r in memory.list(subject="Joe")] == ["note 0", "note 1", "note 2"]

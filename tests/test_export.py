@@ -17,7 +17,7 @@ from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
 from deleatur.log.note import Note, open_note
 
-from .conftest import MASTER, Cli
+from .conftest import MASTER, Cli, FakeClock
 
 
 @pytest.fixture
@@ -360,6 +360,22 @@ def test_a_subjects_export_shows_its_own_redactions_and_no_one_elses(memory: Mem
     assert redaction["request"] == fixed.id
     assert [r["by"] for r in _export(memory, subject="Alice")["decisions"][0]["redactions"]] == ["rectification"]
     assert _export(memory, subject="Bob Stone")["decisions"] == []
+
+
+def test_a_purge_of_the_subjects_own_record_keeps_its_redaction_in_the_export(memory: Memory, clock: FakeClock) -> None:
+    """A purge (or an account erasure) has no one subject: its redaction of this subject's
+    belief is the subject's to see, and stays in the export."""
+    expiring = memory.remember("Alice's trial ends soon", subject="Alice", expires_at=clock() + 1_000_000)
+    kept = memory.remember("Alice pays by card", subject="Alice")
+    decision = memory.record_decision("offer Alice a plan", [expiring.id, kept.id])
+    clock.advance(2)
+    purged = memory.purge(request_id="RET-ALICE").request
+    assert purged is not None and purged.record_ids == (expiring.id,)
+    [shown] = _export(memory, subject="Alice")["decisions"]
+    assert shown["id"] == decision.id
+    assert [(r["by"], r["request"], r["records"]) for r in shown["redactions"]] == [
+        ("erasure", "RET-ALICE", [expiring.id])
+    ]
 
 
 def test_a_scoped_keys_user_export_shows_the_audit_as_audit_show_does(memory: Memory) -> None:

@@ -39,8 +39,8 @@ from deleatur import (
 from deleatur.access.principals import split_api_key
 from deleatur.client import Client
 from deleatur.clock import isoformat
-from deleatur.erasure.engine import AmbiguousSubjectError
-from deleatur.erasure.requests import RequestStatus
+from deleatur.erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError
+from deleatur.erasure.requests import RequestStatus, is_request_id
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.note import Note
 from deleatur.model import Space, SpaceFilter
@@ -372,7 +372,9 @@ def test_errors_and_limits(base_url: str, admin: dict[str, str]) -> None:
         assert (reply.status_code, reply.json()["error"]["code"]) == (422, "invalid_request"), loose
     past = httpx.post(f"{base_url}/v1/memories", json={"text": "t", "subject": "x", "expires_at": 1}, headers=admin)
     said = "expires_at 1970-01-01T00:00:00.000001Z is in the past"
-    assert (past.status_code, past.json()["error"]) == (422, {"code": "invalid_input", "message": said})
+    error = past.json()["error"]
+    assert is_request_id(error.pop("request_id"))  # the call's, which its audit entry carries
+    assert (past.status_code, error) == (422, {"code": "invalid_input", "message": said})
     # An expiry as records show it (ISO 8601) is taken; a string that is no time is refused by name.
     late = {"text": "t", "subject": "x", "expires_at": "9999-12-31T00:00:00.5Z"}
     iso = httpx.post(f"{base_url}/v1/memories", json=late, headers=admin)
@@ -1467,6 +1469,15 @@ def test_agent_erases_only_with_its_dry_run_token(base_url: str, keys: Keys) -> 
         plan = agent.erase("Frank", dry_run=True, issue_token=True)
         done = agent.erase("Frank", request_id="AG-2", confirmation=plan.token).request
         assert done is not None and done.counts["records"] == 1
+        # The token confirms the basis and requester its dry run was given: over HTTP too,
+        # where the dry run took neither and confirmed only the default basis.
+        agent.remember("Gina's order", subject="Gina", space=Space("agent-user"))
+        basis, requester = "Art. 17(1)(d)", "Gina herself"
+        plan = agent.erase("Gina", dry_run=True, issue_token=True, basis=basis, requester=requester)
+        with pytest.raises(ConfirmationRequiredError, match="another legal basis or requester"):
+            agent.erase("Gina", request_id="AG-3", confirmation=plan.token, basis="Art. 17(1)(a)")
+        done = agent.erase("Gina", request_id="AG-3", confirmation=plan.token, basis=basis, requester=requester).request
+        assert done is not None and done.basis == "Art. 17(1)(d)" and done.requester.startswith("Gina herself (via ")
 
 
 def test_an_agent_without_a_token_learns_and_holds_no_request_id(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -1494,7 +1505,9 @@ def test_an_agent_without_a_token_learns_and_holds_no_request_id(tmp_path_factor
                 headers={**agent, "Idempotency-Key": request_id},
                 params={"user_id": "u2", "confirmation": "garbage"},
             )
-            return refused.status_code, refused.json()["error"]
+            error = refused.json()["error"]
+            assert error.pop("request_id") == request_id  # the caller's own, in use or not
+            return refused.status_code, error
 
         in_use, free = probe("DSAR-IN-USE"), probe("DSAR-FREE")
         assert in_use == free == (428, {"code": "confirmation_required", "message": "unknown confirmation token"})

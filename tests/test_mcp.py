@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 from starlette.applications import Starlette
@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deleatur import Memory, NewMemory, Role, Space, from_bytes
+from deleatur.erasure.requests import is_request_id
 from deleatur.model import SpaceFilter
 from deleatur.servers.auth import BearerGate
 from deleatur.servers.calls import MAX_EXPORTS
@@ -94,6 +95,8 @@ async def _tour(session: ClientSession) -> None:
     assert {name for name, hint in hints.items() if hint.read_only_hint} == READ_ONLY
     assert {name for name, hint in hints.items() if hint.destructive_hint} == DESTRUCTIVE
     assert {name for name, hint in hints.items() if hint.destructive_hint is False} == ADDITIVE
+    limit = tools["recall"].input_schema["properties"]["limit"]
+    assert (limit["minimum"], limit["maximum"], limit["default"]) == (1, 1000, 10)  # as the library bounds it
 
     first = await _call(session, "remember", text="Refunds within 30 days", subject="refund_window", user_id="c1")
     record = first.structured_content
@@ -149,6 +152,19 @@ async def _tour(session: ClientSession) -> None:
         " within its scope, so none was erased; request DEL-2 is complete — get its signed certificate with"
         " erasure_certificate('DEL-2')"
     )
+    # A refused erasure recorded as failed (an ambiguous subject) names its request: retried
+    # under it, it is completed, and none is left open.
+    for spelling in ("Rita Ruiz", "RITA RUIZ"):
+        await _call(session, "remember", text="a note", subject=spelling, user_id="amb")
+    ambiguous = await session.call_tool("delete", {"subject": "Rita Ruiz", "user_id": "amb"})
+    assert ambiguous.is_error and isinstance(ambiguous.structured_content, dict)
+    failed = ambiguous.structured_content["error"]["request_id"]
+    assert _text(ambiguous).endswith(f" [request {failed}: retry under this request_id]")
+    assert (await _data(session, "erasure_status", request_id=failed))["status"] == "failed"
+    retried = await _call(
+        session, "delete", subject="Rita Ruiz", user_id="amb", request_id=failed, allow_ambiguous=True
+    )
+    assert f"request {failed} is complete" in _text(retried)
     nothing = await _data(session, "erasure_certificate", request_id="DEL-2")
     verdict = await _data(session, "verify_certificate", certificate=nothing, expected_pubkey=key["vkey"])
     assert verdict["verdict"] == "PASS" and verdict["checks"][4]["detail"].startswith("nothing was held")
@@ -161,9 +177,9 @@ async def _tour(session: ClientSession) -> None:
     assert "Restricted processing of 'Alice'" in _text(await _call(session, "restrict", subject="Alice", reason="x"))
     refused = await session.call_tool("remember", {"text": "more", "subject": "Alice", "user_id": "c1"})
     assert refused.is_error
-    assert refused.structured_content == {
-        "error": {"code": "subject_restricted", "message": refused.structured_content["error"]["message"]}
-    }
+    error = dict(refused.structured_content["error"])
+    assert is_request_id(error.pop("request_id"))  # the call's, which its audit entry carries
+    assert error == {"code": "subject_restricted", "message": error["message"]}
     assert _text(refused).startswith("Error (subject_restricted): ")
     missing = await session.call_tool("get_memory", {"record_id": "nope"})
     assert missing.is_error
@@ -283,6 +299,25 @@ async def _session_over_http(url: str, headers: dict[str, str], session_run: Ses
         await session_run(session)
 
 
+def _a_clients_refusal_says_why(url: str) -> None:
+    """The gate's refusals are JSON-RPC errors, which the SDK's client shows its caller:
+    before, any of them read "Server returned an error response", a bad key and a full
+    server alike."""
+
+    async def nothing(session: ClientSession) -> None:
+        await session.initialize()
+        raise AssertionError("a bad key opened a session")
+
+    with pytest.raises(BaseExceptionGroup) as raised:  # the client's task groups wrap it
+        _over_http(url, "dlt_wrong", nothing)
+    refusal: BaseException = raised.value
+    while isinstance(refusal, BaseExceptionGroup):
+        (refusal,) = refusal.exceptions
+    assert isinstance(refusal, MCPError)
+    assert refusal.error.message == "unauthenticated: the API key is not valid"
+    assert refusal.error.data["code"] == "unauthenticated"
+
+
 def test_streamable_http(tmp_path: Path) -> None:
     opener = new_store(tmp_path / "mem.db")
     admin, agent = api_key(opener, Role.ADMIN), api_key(opener, Role.AGENT)
@@ -292,7 +327,8 @@ def test_streamable_http(tmp_path: Path) -> None:
         _over_http(url, agent, _agent)
         for headers in ({}, {"Authorization": "Bearer dlt_wrong"}):
             refused = httpx2.post(f"{url}/mcp", json={}, headers=headers)
-            assert (refused.status_code, refused.json()["error"]["code"]) == (401, "unauthenticated")
+            assert _refused(refused) == (401, "unauthenticated")
+        _a_clients_refusal_says_why(url)
         _sessions_belong_to_who_opened_them(url, admin, agent)
     pool.close()
 
@@ -329,7 +365,7 @@ def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> Non
 
 def _refused(response: httpx2.Response) -> tuple[int, str]:
     assert "mcp-session-id" not in response.headers
-    return response.status_code, response.json()["error"]["code"]
+    return response.status_code, response.json()["error"]["data"]["code"]
 
 
 def test_sessions_are_capped_per_principal_until_they_end(tmp_path: Path) -> None:

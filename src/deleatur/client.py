@@ -440,10 +440,11 @@ class Client:
         requester as '<requester> (via <the key's principal>)', or the principal alone."""
         check_flags(allow_ambiguous=allow_ambiguous)
         check_type(scope, SpaceFilter, "scope")
-        if _dry_run(dry_run, issue_token, require_confirmation):
-            return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token})
-        where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
         asked = _asked(basis, requester, confirmation, require_confirmation)
+        if _dry_run(dry_run, issue_token, require_confirmation):
+            terms = {"basis": basis, "requester": requester}  # what the token confirms beside the plan
+            return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token, **terms})
+        where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
         return self._erase(f"/v1/subjects/{_segment(subject, 'subject')}", request_id, {**asked, **where})
 
     def erase_all(
@@ -462,10 +463,11 @@ class Client:
     ) -> ErasureResult:
         check_type(user_id, str, "user_id")
         _strings(agent_id=agent_id, run_id=run_id)
-        if _dry_run(dry_run, issue_token, require_confirmation):
-            return self._plan({"user_id": user_id, "agent_id": agent_id, "run_id": run_id, "issue_token": issue_token})
-        where = {"agent_id": agent_id, "run_id": run_id}
         asked = _asked(basis, requester, confirmation, require_confirmation)
+        if _dry_run(dry_run, issue_token, require_confirmation):
+            where = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+            return self._plan({**where, "issue_token": issue_token, "basis": basis, "requester": requester})
+        where = {"agent_id": agent_id, "run_id": run_id}
         return self._erase(f"/v1/users/{_segment(user_id, 'user_id')}", request_id, {**asked, **where})
 
     def _erase(self, path: str, request_id: str | None, params: Mapping[str, Any]) -> ErasureResult:

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -235,9 +235,11 @@ class Memory:
     One handle (with the views :meth:`as_principal` makes of it) holds one SQLite
     connection, whose transactions two threads calling at once would interleave: threads
     that share a handle take turns, each call waiting for the one in progress (up to the
-    busy timeout, then StoreBusyError). A write group or a read snapshot keeps the turn
-    until it ends, and is ended by the thread that began it. Threads that should work
-    at once each open the store, as processes do; the store's locks keep them apart."""
+    busy timeout, then StoreBusyError). A write group keeps the turn until it ends, and
+    is ended by the thread that began it; a read snapshot, and a stream a call returns
+    (``list``, ``versions``), take it for each step, and are used by one thread at a
+    time. Threads that should work at once each open the store, as processes do; the
+    store's locks keep them apart."""
 
     def __init__(
         self,
@@ -1084,19 +1086,20 @@ class Memory:
 
     @contextmanager
     def _read_snapshot(self) -> Iterator[None]:
-        with self._turn():
-            if self._shared.group is not None:
-                raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
-            batch = AuditBatch(self)
-            try:
-                with batch.collecting(), self.backend.snapshot():
-                    self._shared.reading = True
-                    try:
-                        yield
-                    finally:
-                        self._shared.reading = False
-            finally:
-                batch.write()
+        # Not holding the handle's turn (see the class) for its whole life: a server enters
+        # it, calls in it and ends it each in a worker thread of its own, one after another.
+        if self._shared.group is not None:
+            raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
+        batch = AuditBatch(self)
+        try:
+            with batch.collecting(), self.backend.snapshot():
+                self._shared.reading = True
+                try:
+                    yield
+                finally:
+                    self._shared.reading = False
+        finally:
+            batch.write()
 
     def write_group(self) -> WriteGroup:
         """A group in which write calls on this handle share one transaction, committed
@@ -1969,7 +1972,7 @@ class Memory:
             limit=limit,
             after=after,
         )
-        return (self._decrypt(row) for row in self.backend.select(where))
+        return self._in_turns(self._decrypt(row) for row in self.backend.select(where))
 
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
@@ -2007,7 +2010,21 @@ class Memory:
         if first is None and after is None:
             raise NotFoundError(NO_SUCH_KEY)
         found = () if first is None else (first,)
-        return (self._decrypt(row) for row in itertools.chain(found, rows))
+        return self._in_turns(self._decrypt(row) for row in itertools.chain(found, rows))
+
+    def _in_turns(self, items: Generator[Record, None, None]) -> Iterator[Record]:
+        """A stream whose every step reads the store in the handle's turn (see the class),
+        as a call does: it is read after the call that made it has returned."""
+        try:
+            while True:
+                with self._turn():
+                    item = next(items, None)
+                if item is None:
+                    return
+                yield item
+        finally:
+            with self._turn():
+                items.close()  # ends the read at once, not when the stream is collected
 
 
 def _holds_entries(store_path: Path) -> bool:

@@ -33,18 +33,20 @@ def store_file(store_path: Path, path: Path, others: Iterable[Path] = ()) -> boo
     after the store beside it (the database and its -wal, the key store, the signing and
     master keys, their locks...), one of ``others`` (a master key file kept elsewhere),
     or a link to any of them. Written over, it would destroy the store, its keys among it."""
-    target, store = path.resolve(), store_path.resolve()
-    if target.parent == store.parent and target.name.startswith(store.name):
+    # The files are named after the store's path as given (a link, say) and the database
+    # is the file it leads to: both are the store's names. Each is compared in its real
+    # directory, as is the output, as named and as it leads.
+    stores = {(p.parent.resolve(), p.name) for p in (store_path.absolute(), store_path.resolve())}
+    targets = {(p.parent.resolve(), p.name) for p in (path.absolute(), path.resolve())}
+    if any(t_dir == s_dir and name.startswith(prefix) for t_dir, name in targets for s_dir, prefix in stores):
         return True
-    if not target.exists():
+    if not path.exists():
         return False
-    for other in others:
+    beside = [p for d, prefix in stores if d.is_dir() for p in d.iterdir() if p.name.startswith(prefix)]
+    for other in [*others, *beside]:  # a hard link to one of them
         with contextlib.suppress(OSError):
-            if os.path.samefile(target, other):
+            if os.path.samefile(path, other):
                 return True
-    with contextlib.suppress(OSError):
-        beside = [p for p in store.parent.iterdir() if p.name.startswith(store.name)]
-        return any(os.path.samefile(target, p) for p in beside)  # a hard link
     return False
 
 

@@ -183,7 +183,7 @@ def read_input(path: str) -> str:
 def check_output_path(path: Path) -> None:
     """Refuse an output file that could not be written, before the work that produces
     it changes anything: a write whose receipt then fails would be retried, twice."""
-    _not_the_stores(path)
+    refuse_store_file(path)
     if path.is_dir():
         raise InvalidInputError(f"cannot write {path}: it is a directory")
     if not path.parent.is_dir():
@@ -192,7 +192,8 @@ def check_output_path(path: Path) -> None:
         raise InvalidInputError(f"cannot write {path}: permission denied")
 
 
-def _not_the_stores(path: Path) -> None:
+def refuse_store_file(path: Path) -> None:
+    """An output file (or directory) may be none of the store's own (see newfiles.store_file)."""
     others = [] if Options.key_file is None else [Options.key_file]
     if store_file(Options.store, path, others):
         raise InvalidInputError(
@@ -206,7 +207,7 @@ def write_output(path: Path | None, text: str) -> None:
     if path is None:
         sys.stdout.write(text)
         return
-    _not_the_stores(path)
+    refuse_store_file(path)
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -13,7 +13,17 @@ from rich.table import Table
 from ..erasure.requests import check_request_id
 from ..errors import InvalidInputError
 from ..rights.export import private_output
-from .common import NUMBER_ARGUMENT, JsonOpt, add_row, app, check_output_path, emit, open_memory, out
+from .common import (
+    NUMBER_ARGUMENT,
+    JsonOpt,
+    add_row,
+    app,
+    check_output_path,
+    emit,
+    open_memory,
+    out,
+    refuse_store_file,
+)
 from .erasure import ConfirmOpt, TokenOpt, report_erasure
 
 ActorOpt = Annotated[str | None, typer.Option("--actor", help="Who decides (default: cli:$USER).")]
@@ -73,6 +83,8 @@ def export(
         raise InvalidInputError("a csv export needs --out DIRECTORY")
     if fmt == "json" and out_path is not None:
         check_output_path(out_path)
+    if fmt == "csv" and out_path is not None:
+        refuse_store_file(out_path)  # the directory the bundle is made in
     with open_memory() as memory:
         if fmt == "csv":
             assert out_path is not None

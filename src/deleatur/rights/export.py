@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from ..access.audit import ScopedView
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
-from ..erasure.requests import ErasureRequest, user_reference
+from ..erasure.requests import ErasureRequest, RequestKind, is_request_id, user_reference
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
@@ -245,13 +245,14 @@ class _Export:
         return out
 
     def _own_redaction(self, redaction: dict[str, Any], request_ids: set[str]) -> bool:
+        """Whether a redaction is shown: all but those of another subject's erasure, whose
+        request (its id may name them) and records are theirs. A purge's, an account
+        erasure's or a rectification's may have taken this subject's beliefs among others."""
         request = redaction["request"]
         if request in request_ids:
             return True
-        if redaction["by"] != "rectification":
-            return False
-        row = self.memory.backend.get(self.memory.tenant, request)  # the correction, where it is held
-        return row is not None and self.scope.matches(row.space) and self.ref in (None, row.subject_ref)
+        row = self.memory.backend.get_request(self.memory.tenant, request) if is_request_id(request) else None
+        return row is None or ErasureRequest.from_row(row).kind is not RequestKind.SUBJECT
 
     def audit_trail(self) -> Iterator[dict[str, Any]]:
         """The calls that named this subject (by pseudonym) or this user (by token)."""

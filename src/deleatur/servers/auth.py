@@ -220,7 +220,17 @@ class BearerGate:
         session.idle_since = self.clock()
 
 
+#: JSON-RPC's code for an error of the server's own (its range -32000 to -32099).
+_SERVER_ERROR = -32000
+
+
 async def _refuse(
     info: ErrorInfo, scope: Scope, receive: Receive, send: Send, headers: dict[str, str] | None = None
 ) -> None:
-    await JSONResponse(info.to_json(), status_code=info.status, headers=headers)(scope, receive, send)
+    """A JSON-RPC error, which an MCP client shows its caller (the SDK's client shows any
+    other body of an error status as "Server returned an error response", so an agent
+    could not tell a bad key from a full server); its ``data`` is the error as every
+    deleatur server reports it, stable code and all."""
+    error = {"code": _SERVER_ERROR, "message": f"{info.code}: {info.message}", "data": info.to_json()["error"]}
+    body = {"jsonrpc": "2.0", "id": None, "error": error}
+    await JSONResponse(body, status_code=info.status, headers=headers)(scope, receive, send)

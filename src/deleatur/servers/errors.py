@@ -47,10 +47,17 @@ class ErrorInfo:
     message: str
     #: For a 403: the capability (or "scope") the principal lacks.
     missing: str | None = None
+    #: The call's request id (its audit entry's), or the erasure request it recorded as
+    #: failed, which a retry under the same id completes.
+    request_id: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        detail = {"code": self.code, "message": self.message}
-        return {"error": detail if self.missing is None else {**detail, "missing": self.missing}}
+        detail: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.missing is not None:
+            detail["missing"] = self.missing
+        if self.request_id is not None:
+            detail["request_id"] = self.request_id
+        return {"error": detail}
 
 
 # The most specific class of an error's MRO that is listed here decides.
@@ -89,8 +96,8 @@ def error_info(exc: BaseException) -> ErrorInfo:
             if cls in _STATUS:
                 status, code = _STATUS[cls]
                 missing = exc.missing if isinstance(exc, AccessDeniedError) else None
-                return ErrorInfo(status, code, exc.message, missing)
-        return ErrorInfo(500, "deleatur_error", exc.message)
+                return ErrorInfo(status, code, exc.message, missing, exc.request_id)
+        return ErrorInfo(500, "deleatur_error", exc.message, request_id=exc.request_id)
     return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")
 
 
@@ -130,6 +137,8 @@ def remote_error(status: int, payload: object) -> DeleaturError:
         error: DeleaturError = cls(message, missing=str(detail.get("missing", "")))
     else:
         error = cls(message)
+    request_id = detail.get("request_id")
+    error.request_id = request_id if isinstance(request_id, str) else None
     error.status = status  # type: ignore[attr-defined]
     error.code = code  # type: ignore[attr-defined]
     return error

@@ -109,6 +109,11 @@ class ErrorDetail(BaseModel):
     code: str = Field(description="A stable code, e.g. `not_found`, `invalid_input`, `invalid_request`.")
     message: str = Field(description="The library's message; it never quotes record text.")
     missing: str | None = Field(default=None, description="For a 403: the capability, or `scope`, the key lacks.")
+    request_id: str | None = Field(
+        default=None,
+        description="The call's request id (its audit entry's); for an erasure, the request it recorded as failed,"
+        " which a retry under the same id (Idempotency-Key) completes.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -232,6 +237,9 @@ class ErasurePlanBody(_Body):
     agent_id: str | None = None
     run_id: str | None = None
     issue_token: bool = False
+    # The token confirms these as well as the plan: the erasure must give the same.
+    basis: str = Field(default=DEFAULT_BASIS, description="The legal basis the erasure will state.")
+    requester: str | None = Field(default=None, description="On whose behalf the erasure will be made.")
 
 
 class PurgeBody(_Body):
@@ -1164,8 +1172,8 @@ def create_app(
                     agent_id=body.agent_id,
                     run_id=body.run_id,
                     request_id=request_id,
-                    basis=DEFAULT_BASIS,
-                    requester=m.principal.who,
+                    basis=body.basis,
+                    requester=on_behalf(m, body.requester, "requester"),
                     dry_run=True,
                     issue_token=body.issue_token,
                 )
@@ -1176,8 +1184,8 @@ def create_app(
                 lambda m: m.erase(
                     subject,
                     request_id=request_id,
-                    basis=DEFAULT_BASIS,
-                    requester=m.principal.who,
+                    basis=body.basis,
+                    requester=on_behalf(m, body.requester, "requester"),
                     scope=SpaceFilter(body.user_id, body.agent_id, body.run_id),
                     dry_run=True,
                     issue_token=body.issue_token,

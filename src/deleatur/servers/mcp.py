@@ -31,7 +31,7 @@ from ..erasure.engine import ErasureResult
 from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
 from ..log.report import Report
 from ..memory import Memory
-from ..model import Record, Space, SpaceFilter
+from ..model import MAX_RECALL, Record, Space, SpaceFilter
 from .auth import BearerGate, as_caller, bearer_token
 from .calls import (
     MAX_EXPORTS,
@@ -265,10 +265,12 @@ def build_server(
 
         return register
 
-    def call(ctx: Ctx, run: Callable[[Memory], CallToolResult]) -> CallToolResult:
+    def call(ctx: Ctx, run: Callable[[Memory], CallToolResult], *, erasure: bool = False) -> CallToolResult:
         """One library call on a leased handle, as the caller: over HTTP the principal of
         the bearer key, over stdio (no headers) the local operator. A refusal is a tool
-        error with a stable code."""
+        error with a stable code; an ``erasure``'s names its request, which a refused
+        erasure may have recorded as failed (an ambiguous subject, say): retried under that
+        id, it is completed, not left open beside a new one."""
         try:
             with pool.lease() as memory:
                 headers = ctx.headers
@@ -277,8 +279,11 @@ def build_server(
                 return run(memory if local_api_key is None else as_caller(memory, local_api_key))
         except Exception as exc:
             info = error_info(exc)
+            text = f"Error ({info.code}): {info.message}"
+            if erasure and info.request_id is not None:
+                text += f" [request {info.request_id}: retry under this request_id]"
             return CallToolResult(
-                content=[TextContent(type="text", text=f"Error ({info.code}): {info.message}")],
+                content=[TextContent(type="text", text=text)],
                 structured_content=info.to_json(),
                 is_error=True,
             )
@@ -324,7 +329,12 @@ def build_server(
 
     @tool(READ_ONLY)
     def recall(
-        ctx: Ctx, query: str, limit: int = 10, user_id: str = "default", agent_id: str = "", run_id: str = ""
+        ctx: Ctx,
+        query: str,
+        limit: Annotated[int, Field(ge=1, le=MAX_RECALL)] = 10,
+        user_id: str = "default",
+        agent_id: str = "",
+        run_id: str = "",
     ) -> CallToolResult:
         """Search the active memories of one space (BM25), best first."""
 
@@ -481,7 +491,7 @@ def build_server(
             )
             return _erasure(result, f"'{subject}'")
 
-        return call(ctx, run)
+        return call(ctx, run, erasure=True)
 
     @tool(DESTRUCTIVE)
     def delete_all(
@@ -511,7 +521,7 @@ def build_server(
             )
             return _erasure(result, f"'{user_id}'", account=True)
 
-        return call(ctx, run)
+        return call(ctx, run, erasure=True)
 
     @tool(READ_ONLY)
     def erasure_status(ctx: Ctx, request_id: str) -> CallToolResult:
@@ -596,7 +606,7 @@ def build_server(
                 text += f" Kept {restricted} record(s) of restricted subjects (Art. 18)."
             return _ok(text, result.to_json(system_clock()))
 
-        return call(ctx, run)
+        return call(ctx, run, erasure=True)
 
     # Destructive: it turns away later writes and recalls of the subject's records.
     @tool(DESTRUCTIVE)
