@@ -209,8 +209,8 @@ class _Shared:
     reading: bool = False
     #: The write group whose transaction is open on the handle.
     group: WriteGroup | None = None
-    #: Held by the thread whose call (or write group, read snapshot, batch of entries) is
-    #: using the handle's connection: another thread's call waits its turn.
+    #: Held by the thread whose call (or write group, or stream's step) is using the
+    #: handle's connection: another thread's call waits its turn.
     turn: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -2023,8 +2023,13 @@ class Memory:
                     return
                 yield item
         finally:
-            with self._turn():
-                items.close()  # ends the read at once, not when the stream is collected
+            # Ends the read now, not when the stream is collected; but never waits for the
+            # turn here, where a collection in any thread may have brought it.
+            if self._shared.turn.acquire(blocking=False):
+                try:
+                    items.close()
+                finally:
+                    self._shared.turn.release()
 
 
 def _holds_entries(store_path: Path) -> bool:
