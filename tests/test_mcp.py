@@ -329,6 +329,7 @@ def test_streamable_http(tmp_path: Path) -> None:
             refused = httpx2.post(f"{url}/mcp", json={}, headers=headers)
             assert _refused(refused) == (401, "unauthenticated")
         _a_clients_refusal_says_why(url)
+        _a_body_that_repeats_a_key_is_refused(url, admin, opener)
         _sessions_belong_to_who_opened_them(url, admin, agent)
     pool.close()
 
@@ -361,6 +362,31 @@ def _sessions_belong_to_who_opened_them(url: str, owner: str, other: str) -> Non
     for key, status in ((other, 404), (owner, 200)):
         ended = _end(url, key, session)
         assert ended.status_code == status, (key == owner, ended.text)
+
+
+def _a_body_that_repeats_a_key_is_refused(url: str, key: str, opener: Callable[[], Memory]) -> None:
+    """The SDK's parser keeps a repeated key's last value: a tool call naming user_id
+    twice wrote into the second user's space (and a dry run's scope went from one user to
+    all), where the HTTP API refuses the same body. Refused before the transport sees it."""
+    session = _open(url, key).headers["mcp-session-id"]
+    headers = _in_session(key, session)
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert httpx2.post(f"{url}/mcp", json=ready, headers=headers).status_code == 202
+    call = (
+        '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "remember", "arguments":'
+        ' {"text": "dup", "subject": "Dup Dan", "user_id": "alice", "user_id": "bob"}}}'
+    )
+    refused = httpx2.post(f"{url}/mcp", content=call, headers=headers)
+    assert _refused(refused) == (422, "invalid_request")
+    assert (
+        refused.json()["error"]["message"] == 'invalid_request: the request body repeats a key in one object: "user_id"'
+    )
+    once = call.replace(', "user_id": "bob"', "")
+    assert httpx2.post(f"{url}/mcp", content=once, headers=headers).status_code == 200  # the same, without it
+    with opener() as memory:
+        assert [r.space.user_id for r in memory.list(subject="Dup Dan", space=Space("alice"))] == ["alice"]
+        assert list(memory.list(subject="Dup Dan", space=Space("bob"))) == []
+    assert _end(url, key, session).status_code == 200
 
 
 def _refused(response: httpx2.Response) -> tuple[int, str]:

@@ -16,8 +16,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import AuthenticationError
+from ..errors import AuthenticationError, InvalidInputError
 from ..memory import Memory
+from ..model import loads_unique
 from .defaults import DEFAULT_MAX_SESSIONS, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
@@ -105,6 +106,10 @@ class BearerGate:
             principal = await anyio.to_thread.run_sync(self._principal, api_key)
         except AuthenticationError as exc:
             await _refuse(error_info(exc), scope, receive, send, CHALLENGE)
+            return
+        receive, repeated = await _read_body(scope, receive)
+        if repeated is not None:
+            await _refuse(repeated, scope, receive, send)
             return
         session_id = headers.get(SESSION_HEADER)
         if session_id is None:
@@ -218,6 +223,41 @@ class BearerGate:
     def _ended_request(self, session: _Session) -> None:
         session.busy -= 1
         session.idle_since = self.clock()
+
+
+#: The most of a body read to check it: the SDK's own limit (4 MiB), past which it answers 413.
+_MAX_CHECKED_BODY = 4 * 1024 * 1024
+
+
+async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo | None]:
+    """A POST's body read whole (up to the SDK's limit) and checked for an object that
+    repeats a key, which the SDK's parser would take with its last value (so a tool call
+    naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
+    body); and what the transport then receives: the same messages again."""
+    if scope["method"] != "POST":
+        return receive, None
+    messages: list[Message] = []
+    size, more = 0, True
+    while more and size <= _MAX_CHECKED_BODY:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    refusal = None
+    if not more and size <= _MAX_CHECKED_BODY:
+        try:
+            loads_unique(b"".join(m.get("body", b"") for m in messages), "the request body")
+        except InvalidInputError as exc:
+            refusal = ErrorInfo(422, "invalid_request", exc.message)
+        except (ValueError, RecursionError):
+            pass  # not JSON: the transport answers it as JSON-RPC says
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    return replay, refusal
 
 
 #: JSON-RPC's code for an error of the server's own (its range -32000 to -32099).
