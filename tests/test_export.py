@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from deleatur import InvalidInputError, Memory, NewMemory, Role, Space, SpaceFil
 from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
 from deleatur.log.note import Note, open_note
+from deleatur.rights import export as export_module
 
 from .conftest import MASTER, Cli, FakeClock
 
@@ -190,6 +193,46 @@ def test_a_failed_export_writes_no_file_and_keeps_an_earlier_one(cli: Cli, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_an_output_the_disk_cannot_hold_is_named_and_leaves_nothing(cli: Cli, tmp_path: Path) -> None:
+    """A full disk met while writing an --out file was an internal error (an export) or
+    left an empty file behind (a certificate, checkpoint or receipt): now it is told
+    against the file, exit 2, and an earlier file of that name is kept whole."""
+    out = tmp_path / "cp.txt"
+    out.write_text("an earlier checkpoint")
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write() -> None:
+        with export_module.private_output(out) as handle:
+            handle.write("a checkpoint")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export_module, "_private", lambda path: _FailingFile(path, full))
+        with pytest.raises(InvalidInputError, match=f"cannot write {out}: No space left on device"):
+            write()
+    assert out.read_text() == "an earlier checkpoint"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.txt"]
+    if Path("/dev/full").exists():  # Linux: a device no write fits in, as a full disk
+        assert cli("init")[0] == 0
+        for args in (("export", "--subject", "Alice"), ("log", "checkpoint")):
+            code, _, err = cli(*args, "--out", "/dev/full")
+            assert (code, err) == (2, "error: cannot write /dev/full: No space left on device\n"), args
+
+
+class _FailingFile(io.StringIO):
+    """A new file whose writing fails as ``fail`` says, as a full disk's does once its
+    buffer is flushed; made, as ``_private`` makes one, so that it is left to remove."""
+
+    def __init__(self, path: Path, fail: Callable[..., None]) -> None:
+        super().__init__()
+        path.touch()
+        self.fail = fail
+
+    def close(self) -> None:
+        self.fail()
+
+
 def test_a_csv_export_that_fails_halfway_leaves_no_bundle(
     populated: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,10 +251,11 @@ def test_a_csv_export_that_fails_halfway_leaves_no_bundle(
     entries = populated.backend.log_size()
     out = tmp_path / "exports"
     out.mkdir()
-    with pytest.raises(OSError, match="No space left"):
+    # Told against the bundle, as a failure to write it (it was the OSError itself).
+    with pytest.raises(InvalidInputError, match=r"cannot write .*bundle: No space left"):
         populated.export_csv(out / "bundle", subject="Alice")
     (out / "empty").mkdir(mode=0o755)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(InvalidInputError, match=r"cannot write .*empty: No space left"):
         populated.export_csv(out / "empty", subject="Alice")
     assert sorted(p.name for p in out.iterdir()) == ["empty"]  # no bundle, no partial directory
     assert list((out / "empty").iterdir()) == []

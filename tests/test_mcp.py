@@ -159,7 +159,7 @@ async def _tour(session: ClientSession) -> None:
     ambiguous = await session.call_tool("delete", {"subject": "Rita Ruiz", "user_id": "amb"})
     assert ambiguous.is_error and isinstance(ambiguous.structured_content, dict)
     failed = ambiguous.structured_content["error"]["request_id"]
-    assert _text(ambiguous).endswith(f" [request {failed}: retry under this request_id]")
+    assert _text(ambiguous).endswith(f" [request {failed} recorded as failed: retry under this request_id]")
     assert (await _data(session, "erasure_status", request_id=failed))["status"] == "failed"
     retried = await _call(
         session, "delete", subject="Rita Ruiz", user_id="amb", request_id=failed, allow_ambiguous=True
@@ -257,6 +257,7 @@ async def _agent(session: ClientSession) -> None:
     refused = await session.call_tool("delete", {"subject": "Hank", "user_id": "c2"})
     assert refused.is_error
     assert _text(refused).startswith("Error (confirmation_required): ")
+    assert "request" not in _text(refused).split(": ", 1)[1]  # none was recorded: no id to retry under
     plan = await _data(session, "delete", subject="Hank", user_id="c2", dry_run=True)
     done = await _call(session, "delete", subject="Hank", user_id="c2", confirmation=plan["token"])
     assert _text(done).startswith("Erased 1 record(s) for 'Hank'.")

@@ -11,6 +11,7 @@ from .decisions.snapshots import Decision
 from .erasure.engine import AmbiguousSubjectError, ConfirmationRequiredError, ErasureResult, RequestIdReusedError
 from .erasure.plan import ErasurePlan
 from .erasure.requests import ErasureRequest, RequestKind, RequestStatus
+from .erasure.verify import verify_certificate
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -111,6 +112,7 @@ __all__ = [
     "from_file",
     "from_hex",
     "from_passphrase",
+    "verify_certificate",
     "verify_consistency",
     "verify_inclusion",
     "verify_receipt",

@@ -50,6 +50,9 @@ class DeleaturError(Exception):
     """Root of every error deleatur raises on purpose."""
 
     exit_code = 1
+    #: An erasure refused after its request was recorded, as failed, under ``request_id``:
+    #: retried under that id, it is completed, not left open beside a new one.
+    request_recorded = False
 
     def __init__(
         self,

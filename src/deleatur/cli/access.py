@@ -132,7 +132,10 @@ def verify(
     ] = None,
     state: Annotated[
         Path | None,
-        typer.Option("--state", help="The auditor's file of the last verified checkpoint (created if missing)."),
+        typer.Option(
+            "--state",
+            help="The auditor's file of the last verified checkpoint (created if missing; its directory must exist).",
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -24,6 +24,7 @@ from ..log.report import Report
 from ..memory import Memory
 from ..model import utf8_text
 from ..newfiles import store_file
+from ..rights.export import private_output
 
 app = typer.Typer(
     name="deleatur",
@@ -208,10 +209,8 @@ def write_output(path: Path | None, text: str) -> None:
         sys.stdout.write(text)
         return
     refuse_store_file(path)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
+    with private_output(path) as handle:  # whole or not at all; an earlier file is kept
+        handle.write(text)
 
 
 def pin_key(value: str, name: str, given_as: str = "--expected-pubkey") -> Verifier:

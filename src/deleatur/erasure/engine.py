@@ -556,6 +556,7 @@ def erase(
         if exc is not refused and clash is None:
             with memory.backend.atomic():
                 memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
+            exc.request_recorded = True
         raise
     forget_cached_subjects()
     if others_pending:

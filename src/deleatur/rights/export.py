@@ -107,26 +107,31 @@ def private_output(path: Path) -> Iterator[TextIO]:
     as /dev/null) is written into, since renaming a file over it would replace it. A
     symbolic link, a pipe or a socket is refused (InvalidInputError) before anything is
     written: an export is personal data in plaintext, and one planted at the path the
-    caller named would hand it to whoever planted it, or elsewhere."""
+    caller named would hand it to whoever planted it, or elsewhere. A write that fails
+    (a full disk) is InvalidInputError naming the file, and leaves none: an earlier file
+    of that name is kept."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         mode = None
     if mode is not None and stat.S_ISLNK(mode):
         raise InvalidInputError(f"{path} is a symbolic link: name the file itself (or no --out: standard output)")
-    if mode is not None and stat.S_ISCHR(mode):
-        with open(path, "w", newline="", encoding="utf-8") as handle:
-            yield handle
-        return
-    if mode is not None and not stat.S_ISREG(mode):
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISCHR(mode):
         raise InvalidInputError(f"{path} is not a regular file (a pipe or a socket, say): name a file to write")
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     try:
-        with _private(partial) as handle:
-            yield handle
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+        if mode is not None and stat.S_ISCHR(mode):
+            with open(path, "w", newline="", encoding="utf-8") as handle:
+                yield handle
+            return
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+        try:
+            with _private(partial) as handle:
+                yield handle
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
 
 
 RECORD_COLUMNS = (
@@ -346,7 +351,10 @@ def export_csv(
     except OSError as exc:
         raise InvalidInputError(f"cannot create {directory}: {exc.strerror}") from None
     try:
-        _write_bundle(memory, job, partial)
+        try:
+            _write_bundle(memory, job, partial)
+        except OSError as exc:  # a full disk, say: the partial bundle goes below
+            raise InvalidInputError(f"cannot write {directory}: {exc.strerror}") from None
         try:
             if existing:
                 for name in sorted(os.listdir(partial), key=lambda name: name == "manifest.json"):

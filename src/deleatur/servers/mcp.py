@@ -29,6 +29,7 @@ from .. import __version__
 from ..clock import system_clock
 from ..erasure.engine import ErasureResult
 from ..erasure.requests import NOTHING_DUE, NOTHING_HELD
+from ..errors import DeleaturError
 from ..log.report import Report
 from ..memory import Memory
 from ..model import MAX_RECALL, Record, Space, SpaceFilter
@@ -280,8 +281,8 @@ def build_server(
         except Exception as exc:
             info = error_info(exc)
             text = f"Error ({info.code}): {info.message}"
-            if erasure and info.request_id is not None:
-                text += f" [request {info.request_id}: retry under this request_id]"
+            if erasure and isinstance(exc, DeleaturError) and exc.request_recorded:
+                text += f" [request {exc.request_id} recorded as failed: retry under this request_id]"
             return CallToolResult(
                 content=[TextContent(type="text", text=text)],
                 structured_content=info.to_json(),
