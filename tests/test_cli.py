@@ -3,6 +3,7 @@ leaves the store exactly as it was."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -318,6 +319,33 @@ def test_no_output_is_written_over_the_stores_own_files(cli: Cli, store: Path, t
     assert {p: p.read_bytes() for p in keys} == before
     assert cli("get", json.loads(cli("list", "--json")[1])[0]["id"])[0] == 0  # its keys read it still
     assert cli("log", "verify")[0] == 0
+
+
+def test_an_output_file_is_written_as_named_and_a_failed_one_leaves_nothing(
+    cli: Cli, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint, certificate, proof or receipt goes into the file as named, through a
+    link too (`--out /dev/stdout` works); one under a file is refused naming it, and one
+    that the disk cannot hold leaves no empty or cut file behind."""
+    target = tmp_path / "published" / "cp.txt"
+    target.parent.mkdir()
+    (tmp_path / "link.txt").symlink_to(target)
+    assert cli("log", "checkpoint", "--out", str(tmp_path / "link.txt"))[0] == 0
+    assert target.read_text() and (tmp_path / "link.txt").is_symlink()
+    (tmp_path / "afile").write_text("")
+    code, _, err = cli("log", "checkpoint", "--out", str(tmp_path / "afile" / "x"))
+    assert (code, err) == (2, f"error: cannot write {tmp_path / 'afile' / 'x'}: Not a directory\n")
+    written = Path.write_text
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        written(self, "cut")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "new-cp.txt"
+    code, _, err = cli("log", "checkpoint", "--out", str(out))
+    assert (code, err) == (2, f"error: cannot write {out}: No space left on device\n")
+    assert not out.exists()
 
 
 def test_no_output_is_written_over_the_files_of_a_store_reached_through_a_link(cli: Cli, tmp_path: Path) -> None:

@@ -406,20 +406,26 @@ def test_a_subjects_export_shows_its_own_redactions_and_no_one_elses(memory: Mem
     assert _export(memory, subject="Bob Stone")["decisions"] == []
 
 
-def test_a_purge_of_the_subjects_own_record_keeps_its_redaction_in_the_export(memory: Memory, clock: FakeClock) -> None:
-    """A purge (or an account erasure) has no one subject: its redaction of this subject's
-    belief is the subject's to see, and stays in the export."""
+def test_a_purges_redaction_is_shown_without_anyones_record_ids(memory: Memory, clock: FakeClock) -> None:
+    """A purge (or an account erasure) has no one subject: its redaction of a decision
+    this subject's beliefs are in is shown (it was left out), but without the ids of the
+    records it took, which may be another person's (it showed Bob's to Alice); another
+    person's correction is not shown at all."""
     expiring = memory.remember("Alice's trial ends soon", subject="Alice", expires_at=clock() + 1_000_000)
     kept = memory.remember("Alice pays by card", subject="Alice")
-    decision = memory.record_decision("offer Alice a plan", [expiring.id, kept.id])
+    bobs = memory.remember("Bob's trial ends soon", subject="Bob", key="bob::trial", expires_at=clock() + 1_000_000)
+    bob_kept = memory.remember("Bob pays cash", subject="Bob", key="bob::pays")
+    decision = memory.record_decision("plans for Alice and Bob", [expiring.id, kept.id, bobs.id, bob_kept.id])
     clock.advance(2)
-    purged = memory.purge(request_id="RET-ALICE").request
-    assert purged is not None and purged.record_ids == (expiring.id,)
-    [shown] = _export(memory, subject="Alice")["decisions"]
+    purged = memory.purge(request_id="RET-1").request
+    assert purged is not None and set(purged.record_ids) == {expiring.id, bobs.id}
+    fixed = memory.rectify("bob::pays", "Bob pays by card", reason="wrong", actor="dpo", erase_previous=True)
+    data = _export(memory, subject="Alice")
+    [shown] = data["decisions"]
     assert shown["id"] == decision.id
-    assert [(r["by"], r["request"], r["records"]) for r in shown["redactions"]] == [
-        ("erasure", "RET-ALICE", [expiring.id])
-    ]
+    assert [(r["by"], r["request"], r["records"]) for r in shown["redactions"]] == [("erasure", "RET-1", [])]
+    exported = json.dumps(data)
+    assert all(i not in exported for i in (bobs.id, bob_kept.id, fixed.id))
 
 
 def test_a_scoped_keys_user_export_shows_the_audit_as_audit_show_does(memory: Memory) -> None:

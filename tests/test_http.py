@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -13,9 +14,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import apsw
 import httpx
 import pytest
@@ -1006,6 +1009,55 @@ def test_a_verification_covers_what_every_handle_of_the_server_appended(tmp_path
         assert pool.size == 2
         verdicts = [http.get(route).json()["verdict"] for route in ("/v1/log/verify", "/v1/audit/verify")]
     assert verdicts == ["PASS", "PASS"]
+
+
+def test_a_verification_on_several_handles_keeps_its_snapshot_in_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read snapshot keeps its handle's turn, which is a thread's: the server opened it
+    in one worker thread, verified in another and ended it in a third, so the
+    verification waited out the busy timeout (503) and the ending raised RuntimeError.
+    Every step on the verification's handle now runs in one thread of its own."""
+    from deleatur import memory as memory_module
+
+    monkeypatch.setattr(memory_module, "BUSY_TIMEOUT_MS", 500)
+    threads: dict[str, set[int]] = {"snapshot": set(), "verify": set()}
+    snapshot, verify = Memory.read_snapshot, Memory.verify_log
+
+    def snapshot_in(self: Memory) -> contextlib.AbstractContextManager[None]:
+        threads["snapshot"].add(threading.get_ident())
+        return snapshot(self)
+
+    def verify_in(self: Memory, **kwargs: Any) -> Any:
+        threads["verify"].add(threading.get_ident())
+        return verify(self, **kwargs)
+
+    monkeypatch.setattr(Memory, "read_snapshot", snapshot_in)
+    monkeypatch.setattr(Memory, "verify_log", verify_in)
+    # Worker threads as a busy server's are: each call in another one (all kept alive, so
+    # that no thread's id is handed to the next).
+    workers = [ThreadPoolExecutor(max_workers=1) for _ in range(3)]
+    turns = itertools.count()
+
+    async def in_another_thread(work: Callable[..., Any], *args: Any, **_: Any) -> Any:
+        worker = workers[next(turns) % len(workers)]
+        return await asyncio.get_running_loop().run_in_executor(worker, functools.partial(work, *args))
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", in_another_thread)
+    opener = _signing_late(tmp_path / "mem.db")
+    auditor = {"Authorization": f"Bearer {api_key(opener, Role.AUDITOR)}"}
+    member = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    with serving(create_app(opener, handles=2)) as url, httpx.Client(base_url=url, timeout=60) as http:
+        for i in range(4):
+            http.post("/v1/memories", headers=member, json={"text": f"note {i}", "subject": "Ola"})
+            verified = http.get("/v1/log/verify", headers=auditor)
+            assert verified.status_code == 200, verified.text
+            threads_of_this_one = (set(threads["snapshot"]), set(threads["verify"]))
+            assert len(threads_of_this_one[0]) == 1 and threads_of_this_one[0] == threads_of_this_one[1]
+            threads["snapshot"].clear()
+            threads["verify"].clear()
+    for worker in workers:
+        worker.shutdown()
 
 
 def _signing_late(path: Path) -> Callable[[], Memory]:

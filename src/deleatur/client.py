@@ -442,8 +442,9 @@ class Client:
         check_type(scope, SpaceFilter, "scope")
         asked = _asked(basis, requester, confirmation, require_confirmation)
         if _dry_run(dry_run, issue_token, require_confirmation):
-            terms = {"basis": basis, "requester": requester}  # what the token confirms beside the plan
-            return self._plan({"subject": subject, **scope.to_json(), "issue_token": issue_token, **terms})
+            return self._plan(
+                {"subject": subject, **scope.to_json(), "issue_token": issue_token, **_terms(basis, requester)}
+            )
         where = {"allow_ambiguous": allow_ambiguous, **scope.to_json()}
         return self._erase(f"/v1/subjects/{_segment(subject, 'subject')}", request_id, {**asked, **where})
 
@@ -466,7 +467,7 @@ class Client:
         asked = _asked(basis, requester, confirmation, require_confirmation)
         if _dry_run(dry_run, issue_token, require_confirmation):
             where = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
-            return self._plan({**where, "issue_token": issue_token, "basis": basis, "requester": requester})
+            return self._plan({**where, "issue_token": issue_token, **_terms(basis, requester)})
         where = {"agent_id": agent_id, "run_id": run_id}
         return self._erase(f"/v1/users/{_segment(user_id, 'user_id')}", request_id, {**asked, **where})
 
@@ -686,6 +687,12 @@ def _asked(basis: str, requester: str | None, confirmation: str | None, require:
     check_stated(basis, "basis", missing=NEEDS_BASIS)
     _strings(requester=requester, confirmation=confirmation)
     return {"basis": basis, "requester": requester, "confirmation": confirmation, "require_confirmation": require}
+
+
+def _terms(basis: str, requester: str | None) -> dict[str, str | None]:
+    """What a dry run's token confirms beside its plan. The default basis is left for the
+    server to fill in: a server older than the terms takes no such member."""
+    return {"basis": None if basis == DEFAULT_BASIS else basis, "requester": requester}
 
 
 def _size(size: int | None) -> None:

@@ -209,8 +209,8 @@ class _Shared:
     reading: bool = False
     #: The write group whose transaction is open on the handle.
     group: WriteGroup | None = None
-    #: Held by the thread whose call (or write group, or stream's step) is using the
-    #: handle's connection: another thread's call waits its turn.
+    #: Held by the thread whose call (or write group, read snapshot, batch collecting,
+    #: stream's step) is using the handle's connection: another thread's call waits its turn.
     turn: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -235,11 +235,10 @@ class Memory:
     One handle (with the views :meth:`as_principal` makes of it) holds one SQLite
     connection, whose transactions two threads calling at once would interleave: threads
     that share a handle take turns, each call waiting for the one in progress (up to the
-    busy timeout, then StoreBusyError). A write group keeps the turn until it ends, and
-    is ended by the thread that began it; a read snapshot, and a stream a call returns
-    (``list``, ``versions``), take it for each step, and are used by one thread at a
-    time. Threads that should work at once each open the store, as processes do; the
-    store's locks keep them apart."""
+    busy timeout, then StoreBusyError). A write group or a read snapshot keeps the turn
+    until it ends, and is ended by the thread that began it; a stream a call returns
+    (``list``, ``versions``) takes it for each step. Threads that should work at once
+    each open the store, as processes do; the store's locks keep them apart."""
 
     def __init__(
         self,
@@ -1086,20 +1085,21 @@ class Memory:
 
     @contextmanager
     def _read_snapshot(self) -> Iterator[None]:
-        # Not holding the handle's turn (see the class) for its whole life: a server enters
-        # it, calls in it and ends it each in a worker thread of its own, one after another.
-        if self._shared.group is not None:
-            raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
-        batch = AuditBatch(self)
-        try:
-            with batch.collecting(), self.backend.snapshot():
-                self._shared.reading = True
-                try:
-                    yield
-                finally:
-                    self._shared.reading = False
-        finally:
-            batch.write()
+        # In the handle's turn for its whole life: another thread's call would run in the
+        # snapshot's transaction (or fail to begin its own), its entry in the snapshot's batch.
+        with self._turn():
+            if self._shared.group is not None:
+                raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
+            batch = AuditBatch(self)
+            try:
+                with batch.collecting(), self.backend.snapshot():
+                    self._shared.reading = True
+                    try:
+                        yield
+                    finally:
+                        self._shared.reading = False
+            finally:
+                batch.write()
 
     def write_group(self) -> WriteGroup:
         """A group in which write calls on this handle share one transaction, committed

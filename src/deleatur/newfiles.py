@@ -42,7 +42,10 @@ def store_file(store_path: Path, path: Path, others: Iterable[Path] = ()) -> boo
         return True
     if not path.exists():
         return False
-    beside = [p for d, prefix in stores if d.is_dir() for p in d.iterdir() if p.name.startswith(prefix)]
+    beside: list[Path] = []
+    for directory, prefix in stores:
+        with contextlib.suppress(OSError):  # a directory that cannot be listed: no link found there
+            beside += [p for p in directory.iterdir() if p.name.startswith(prefix)]
     for other in [*others, *beside]:  # a hard link to one of them
         with contextlib.suppress(OSError):
             if os.path.samefile(path, other):

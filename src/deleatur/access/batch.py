@@ -49,13 +49,14 @@ class AuditBatch:
         """Calls on the handle (or on a view of it) in the block add their entries here.
         Blocks nest: the innermost collects."""
         shared = self.memory._shared
-        # Not in the handle's turn: a read snapshot collects in it across the threads a
-        # server moves it between; each call in the block takes its turn.
-        outer, shared.deferred = shared.deferred, self._entries
-        try:
-            yield
-        finally:
-            shared.deferred = outer
+        # In the handle's turn: blocks of two threads ending out of order would leave the
+        # handle's entries going to a batch nobody writes.
+        with self.memory._turn():
+            outer, shared.deferred = shared.deferred, self._entries
+            try:
+                yield
+            finally:
+                shared.deferred = outer
 
     def write(self) -> None:
         """Write the entries collected so far, all in one transaction; they leave the

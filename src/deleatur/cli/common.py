@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,6 @@ from ..log.report import Report
 from ..memory import Memory
 from ..model import utf8_text
 from ..newfiles import store_file
-from ..rights.export import private_output
 
 app = typer.Typer(
     name="deleatur",
@@ -209,8 +209,16 @@ def write_output(path: Path | None, text: str) -> None:
         sys.stdout.write(text)
         return
     refuse_store_file(path)
-    with private_output(path) as handle:  # whole or not at all; an earlier file is kept
-        handle.write(text)
+    existed = path.exists()
+    try:
+        # Into the file as named (a link, a pipe, /dev/stdout): what is written here is no
+        # one's personal data, unlike an export (private_output).
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        if not existed:
+            with contextlib.suppress(OSError):  # none was made (its directory is a file, say)
+                path.unlink()  # an empty or cut file would pass for the output
+        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def pin_key(value: str, name: str, given_as: str = "--expected-pubkey") -> Verifier:

@@ -114,6 +114,8 @@ def private_output(path: Path) -> Iterator[TextIO]:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         mode = None
+    except OSError as exc:  # a parent that is a file, say
+        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
     if mode is not None and stat.S_ISLNK(mode):
         raise InvalidInputError(f"{path} is a symbolic link: name the file itself (or no --out: standard output)")
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISCHR(mode):
@@ -123,7 +125,8 @@ def private_output(path: Path) -> Iterator[TextIO]:
             with open(path, "w", newline="", encoding="utf-8") as handle:
                 yield handle
             return
-        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+        # Not named after the file: a name near the file system's limit would not fit.
+        partial = path.with_name(f".deleatur-{secrets.token_hex(8)}.partial")
         try:
             with _private(partial) as handle:
                 yield handle
@@ -234,7 +237,7 @@ class _Export:
             # A redaction names the request that took records from the snapshot (an
             # erasure's, or a rectification's new record) and the records it took: another
             # person's erasure is theirs, as their beliefs are.
-            redactions = [r for r in body["redactions"] if self._own_redaction(r, request_ids)]
+            redactions = [shown for r in body["redactions"] if (shown := self._redaction(r, request_ids))]
             out.append(
                 {
                     "id": body["id"],
@@ -249,15 +252,24 @@ class _Export:
         self.decision_count = len(out)
         return out
 
-    def _own_redaction(self, redaction: dict[str, Any], request_ids: set[str]) -> bool:
-        """Whether a redaction is shown: all but those of another subject's erasure, whose
-        request (its id may name them) and records are theirs. A purge's, an account
-        erasure's or a rectification's may have taken this subject's beliefs among others."""
+    def _redaction(self, redaction: dict[str, Any], request_ids: set[str]) -> dict[str, Any] | None:
+        """A redaction as the export shows it, or None. The exported erasures' are shown
+        whole; another subject's erasure, or another subject's correction, not at all (its
+        request id may name them); a purge's or an account erasure's, which may have taken
+        this subject's beliefs among others', without the ids of records that are not
+        exported (erased records' ids say nothing of whose they were)."""
         request = redaction["request"]
         if request in request_ids:
-            return True
-        row = self.memory.backend.get_request(self.memory.tenant, request) if is_request_id(request) else None
-        return row is None or ErasureRequest.from_row(row).kind is not RequestKind.SUBJECT
+            return redaction
+        if redaction["by"] == "rectification":
+            row = self.memory.backend.get(self.memory.tenant, request)  # the correction, where it is held
+            if row is None or not self.scope.matches(row.space) or self.ref not in (None, row.subject_ref):
+                return None
+        else:
+            erasure = self.memory.backend.get_request(self.memory.tenant, request) if is_request_id(request) else None
+            if erasure is None or ErasureRequest.from_row(erasure).kind is RequestKind.SUBJECT:
+                return None
+        return {**redaction, "records": [i for i in redaction["records"] if i in self.exported_ids]}
 
     def audit_trail(self) -> Iterator[dict[str, Any]]:
         """The calls that named this subject (by pseudonym) or this user (by token)."""

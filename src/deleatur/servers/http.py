@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -622,6 +623,14 @@ async def _stream_export(
     return body()
 
 
+@contextlib.asynccontextmanager
+async def _shut_down_after(executor: ThreadPoolExecutor) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        executor.shutdown(wait=False)  # its thread ends once its last work has
+
+
 def create_app(
     open_memory: Callable[[], Memory],
     *,
@@ -934,21 +943,28 @@ def create_app(
                 stack.enter_context(memory.read_snapshot())
             return None
 
+        # Every step on the verification's own handle runs in this one thread: its read
+        # snapshot holds the handle's turn (Memory), which is a thread's.
+        pinned = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deleatur-verify")
+
+        async def in_pinned(work: Callable[[], T]) -> T:
+            return await asyncio.get_running_loop().run_in_executor(pinned, work)
+
         async def begun(memory: Memory, stack: ExitStack, patient: bool) -> _Refused | None:
             # `turn`, so that with one handle no call in the loop waits for it there; with
             # several nothing else takes `turn`: it costs nothing then.
             async with turn:
-                return await anyio.to_thread.run_sync(signed_then_begun, memory, stack, patient)
+                return await in_pinned(partial(signed_then_begun, memory, stack, patient))
 
-        async with verifying:
+        async with verifying, _shut_down_after(pinned):
             # Opened first, without `turn`: opening may finish a crash's work and wait.
-            memory, view, stack = await anyio.to_thread.run_sync(opened)
+            memory, view, stack = await in_pinned(opened)
             try:
                 if Capability.VERIFY not in view.principal.capabilities:
                     # Refused, and audited, by the verification's own guard, which names
                     # it, before anything is signed or read for it (signing would refuse
                     # it too, naming log.sign, which the caller never asked for).
-                    await anyio.to_thread.run_sync(verify, view, size)
+                    await in_pinned(partial(verify, view, size))
                 # With a size too: signing is the guarded call that refuses (and audits) a
                 # caller that may not verify before a snapshot is opened for it. Refused
                 # tries are made again after a pause, as on_store makes them, until the
@@ -962,13 +978,13 @@ def create_app(
                     patient = refused.patient
                     if not patient:
                         await anyio.sleep(next(pauses))
-                report = await anyio.to_thread.run_sync(verify, view, size)
+                report = await in_pinned(partial(verify, view, size))
             finally:
                 # In a thread (closing signs a checkpoint and truncates the -wal, which may
                 # wait), and even if the request is cancelled: an open snapshot keeps the
                 # -wal, erased data included, from being truncated.
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(stack.close)
+                    await in_pinned(stack.close)
             return report.to_json()
 
     # -- memories --------------------------------------------------------------------
