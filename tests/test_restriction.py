@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 
-from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError
+from deleatur import InvalidInputError, Memory, NewMemory, NotFoundError, Space
 from deleatur.log.entries import Entry, EventType
 from deleatur.rights.restriction import RestrictedSubjectError
 
@@ -193,3 +194,32 @@ def test_a_restriction_is_not_restated_over_itself(memory: Memory, clock: FakeCl
     assert memory.backend.log_size() > size  # the calls are audited all the same
     memory.unrestrict("Alice", actor="dpo1")
     assert memory.restrict("Alice", reason="second thoughts", actor="intern").reason == "second thoughts"
+
+
+def test_a_dry_run_says_which_records_of_restricted_subjects_an_erasure_takes(memory: Memory) -> None:
+    """An erasure of another subject takes a restricted subject's derived record (and an
+    account erasure, the restricted records in its spaces), which a purge keeps: the dry
+    run counts them, so that whoever confirms knows."""
+    bob = memory.remember("Bob's order 17", subject="Bob", space=Space("cust1"))
+    memory.remember("Alice saw Bob's order 17", subject="Alice", derived_from=[bob.id], space=Space("cust1"))
+    memory.restrict("Alice", reason="needed for my legal claim", actor="dpo")
+    erase = functools.partial(memory.erase, request_id="D-1", basis="b", requester="r", dry_run=True)
+    plan = erase("Bob").plan
+    assert plan is not None and (plan.total, plan.erases_restricted) == (2, 1)
+    assert plan.to_json()["erases_restricted"] == 1
+    alice = erase("Alice").plan  # her own erasure: her restriction does not hold it back
+    assert alice is not None and alice.erases_restricted == 0
+    account = memory.erase_all(user_id="cust1", request_id="A-1", basis="b", requester="r", dry_run=True).plan
+    assert account is not None and account.erases_restricted == 1
+    memory.unrestrict("Alice", actor="dpo")
+    plan = erase("Bob").plan
+    assert plan is not None and plan.erases_restricted == 0
+
+
+def test_the_cli_dry_run_warns_of_restricted_records(cli: Cli) -> None:
+    assert cli("init")[0] == 0
+    bob = cli("remember", "Bob's order 17", "--subject", "Bob")[1].strip()
+    assert cli("remember", "Alice saw it", "--subject", "Alice", "--derived-from", bob)[0] == 0
+    assert cli("restrict", "Alice", "--reason", "legal claim")[0] == 0
+    code, out, _ = cli("erase", "Bob", "--request-id", "D-1", "--basis", "b", "--dry-run")
+    assert code == 0 and "WARNING: 1 of these record(s) are of restricted subjects (Art. 18)" in out

@@ -91,6 +91,12 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     if plan.outside_lineage:
         out.print(f"kept: {plan.outside_lineage} derived record(s) outside this scope")
     _print_kept_restricted(plan.kept_restricted)
+    if plan.erases_restricted:
+        out.print(
+            f"WARNING: {plan.erases_restricted} of these record(s) are of restricted subjects (Art. 18), whom a"
+            " restriction may keep them for (a legal claim): an erasure takes them all the same",
+            markup=False,
+        )
     if plan.subject is not None:
         out.print(f"note: {RESIDUE_HINT}", markup=False)
     if token:

@@ -54,6 +54,10 @@ class ErasurePlan:
     #: A purge's: records past their retention kept because their subject is restricted
     #: (Art. 18(1)(c): the subject may need them for a legal claim).
     kept_restricted: int = 0
+    #: A subject's or an account's erasure: records it would erase whose subject is
+    #: restricted, the erased subject excepted (derived records, another person in the
+    #: account's spaces). Unlike a purge, an erasure does not keep them: the dry run says so.
+    erases_restricted: int = 0
     #: The subject references whose every record is erased.
     destroy_keys: tuple[bytes, ...] = field(default=(), compare=False)
     #: What a confirmation token confirms.
@@ -110,6 +114,7 @@ class ErasurePlan:
             "kept_in_other_spaces": self.kept_elsewhere,
             "derived_outside_scope": self.outside_lineage,
             "kept_restricted": self.kept_restricted,
+            "erases_restricted": self.erases_restricted,
             # Only a subject erasure has a subject whose residue elsewhere could be looked for.
             "note": RESIDUE_HINT if self.subject is not None else None,
         }
@@ -136,6 +141,7 @@ class ErasurePlan:
             kept_elsewhere=data["kept_in_other_spaces"],
             outside_lineage=data["derived_outside_scope"],
             kept_restricted=data.get("kept_restricted", 0),  # absent from servers before it
+            erases_restricted=data.get("erases_restricted", 0),
         )
 
 
@@ -169,11 +175,11 @@ def build_plan(
     ``scope``; or, with ``retention=(now, created_before)``, of every record past its
     retention) would remove. Reads only; decrypts to name spellings and subjects."""
     subject_ref = None if subject is None else memory._subject_ref(subject)
+    restricted = {bytes(r["subject_ref"]) for r in memory.backend.restrictions(memory.tenant)}
     if retention is not None:
         # Derived records carry their own expiry: a purge follows no lineage.
         now, created_before = retention
         due = memory.backend.retention_due(memory.tenant, now=now, created_before=created_before)
-        restricted = {bytes(r["subject_ref"]) for r in memory.backend.restrictions(memory.tenant)}
         direct_rows = [row for row in due if row.subject_ref not in restricted]
         kept_restricted = len(due) - len(direct_rows)
         lineage_rows: list[StoredRow] = []
@@ -217,5 +223,8 @@ def build_plan(
         kept_elsewhere=kept,
         outside_lineage=outside,
         kept_restricted=kept_restricted,
+        erases_restricted=sum(
+            1 for r in (*direct_rows, *lineage_rows) if r.subject_ref in restricted and r.subject_ref != subject_ref
+        ),
         digest=digest,
     )

@@ -139,6 +139,11 @@ def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> Call
         text += _kept(plan.kept_elsewhere)
         if plan.ambiguous:
             text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
+        if plan.erases_restricted:
+            text += (
+                f" Warning: {plan.erases_restricted} of them are of restricted subjects (Art. 18), and would go"
+                " all the same."
+            )
         if result.token:
             text += f"\n  confirmation token (single use, 15 min): {result.token}"
         return _ok(text, result.to_json(system_clock()))
