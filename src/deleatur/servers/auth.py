@@ -236,6 +236,9 @@ async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo
     body); and what the transport then receives: the same messages again."""
     if scope["method"] != "POST":
         return receive, None
+    declared = Headers(scope=scope).get("content-length", "")
+    if declared.isdigit() and int(declared) > _MAX_CHECKED_BODY:
+        return receive, None  # the SDK refuses it (413) without reading it: so must this
     messages: list[Message] = []
     size, more = 0, True
     while more and size <= _MAX_CHECKED_BODY:
