@@ -66,6 +66,7 @@ def child(store: Path, part: str, calls: int) -> None:
                         as_caller(memory, key).remember(f"note {word}", subject=f"person {i % 500}")
                     if (i + 1) % WRITE_GROUP == 0 or i == calls - 1:
                         writes.commit()
+                        writes = memory.write_group()  # a group is used once
                 elif part == "view":
                     as_caller(memory, key)
                 elif part == "ranking":
