@@ -53,6 +53,9 @@ class DeleaturError(Exception):
     #: An erasure refused after its request was recorded, as failed, under ``request_id``:
     #: retried under that id, it is completed, not left open beside a new one.
     request_recorded = False
+    #: The message a server sends its remote callers, where ``message`` names what only
+    #: the server's operator should see (a file's path); None: the message itself.
+    remote_message: str | None = None
 
     def __init__(
         self,

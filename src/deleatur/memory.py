@@ -760,11 +760,16 @@ class Memory:
         file of a key the log announced must be restored: a new first key would break the
         log's chain of keys, and a rotation needs the old key to endorse the new one."""
         if self._shared.keys_announced or self.backend.signing_keys():
-            return SigningKeyMissingError(
+            missing = SigningKeyMissingError(
                 f"the signing key {self.signing_key_path} is missing: this store's log cannot be signed without"
                 " it; restore it from a backup (neither `deleatur keys new` nor `deleatur keys rotate` can"
                 " replace a key the log announced)"
             )
+            missing.remote_message = (
+                "the store's signing key is missing on the server: nothing that must be signed can be done"
+                " until its operator restores it"
+            )
+            return missing
         return LogError("this store has no signing key; run `deleatur keys new`")
 
     @guarded("log.new_key", A)

@@ -96,8 +96,8 @@ def error_info(exc: BaseException) -> ErrorInfo:
             if cls in _STATUS:
                 status, code = _STATUS[cls]
                 missing = exc.missing if isinstance(exc, AccessDeniedError) else None
-                return ErrorInfo(status, code, exc.message, missing, exc.request_id)
-        return ErrorInfo(500, "deleatur_error", exc.message, request_id=exc.request_id)
+                return ErrorInfo(status, code, exc.remote_message or exc.message, missing, exc.request_id)
+        return ErrorInfo(500, "deleatur_error", exc.remote_message or exc.message, request_id=exc.request_id)
     return ErrorInfo(500, "internal", f"internal error ({type(exc).__name__})")
 
 
