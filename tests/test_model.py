@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deleatur import IntegrityError, InvalidInputError, Memory, NewMemory, Space, canonical_subject, from_bytes
+from deleatur.clock import LATEST, from_datetime, from_isoformat, isoformat, to_datetime
 from deleatur.crypto.keystore import _frame
 from deleatur.memory import _payload
 from deleatur.model import canonical_key, loads_envelope, parse_metadata, validate_metadata, validate_text
@@ -33,6 +35,18 @@ def test_canonical_subject_is_idempotent(value: str) -> None:
 def test_bad_subjects_are_refused(bad: str) -> None:
     with pytest.raises(InvalidInputError, match="subject"):
         canonical_subject(bad)
+
+
+@given(st.integers(min_value=from_datetime(datetime.min.replace(tzinfo=UTC)), max_value=LATEST))
+def test_isoformat_is_the_aware_datetimes_spelling_and_reads_back(micros: int) -> None:
+    assert isoformat(micros) == to_datetime(micros).isoformat().replace("+00:00", "Z")
+    assert from_isoformat(isoformat(micros)) == micros
+
+
+def test_isoformat_spells_whole_seconds_without_microseconds() -> None:
+    assert isoformat(0) == "1970-01-01T00:00:00Z"
+    assert isoformat(1) == "1970-01-01T00:00:00.000001Z"
+    assert isoformat(LATEST) == "9999-12-31T23:59:59.999999Z"
 
 
 def test_key_is_canonical_and_nonempty() -> None:

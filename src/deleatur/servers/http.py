@@ -63,6 +63,7 @@ from .calls import (
 from .defaults import DEFAULT_BASIS, DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
 from .groupcommit import Alone, CommitGroups, Group
+from .lane import SearchLane
 from .pool import HandlePool
 
 # Pauses of a request between tries for a lock another process holds: short at first,
@@ -631,6 +632,16 @@ async def _shut_down_after(executor: ThreadPoolExecutor) -> AsyncIterator[None]:
         executor.shutdown(wait=False)  # its thread ends once its last work has
 
 
+class API(FastAPI):
+    """The API, with recall's lane (:mod:`.lane`) in front of it."""
+
+    lane: SearchLane | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.lane is None or not await self.lane(scope, receive, send):
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     open_memory: Callable[[], Memory],
     *,
@@ -638,7 +649,7 @@ def create_app(
     handles: int = DEFAULT_HANDLES,
     max_page_bytes: int = MAX_PAGE_BYTES,
     sign_every_write: bool = False,
-) -> FastAPI:
+) -> API:
     """The API over the store ``open_memory`` opens, at most ``handles`` times: no more
     library calls run at once than there are handles (the others wait in the event
     loop, not in threads). Each runs in a worker thread on a leased handle, except
@@ -670,7 +681,7 @@ def create_app(
                 await task
         pool.close()
 
-    app = FastAPI(
+    app = API(
         title="deleatur",
         version=__version__,
         description="Agent memory with every GDPR data-subject right built in.",
@@ -1026,6 +1037,13 @@ def create_app(
     ) -> dict[str, Any]:
         """Full-text search over the active memories of one space, best first."""
         return await search(q, lambda: Space(user_id, agent_id, run_id), limit)
+
+    app.lane = SearchLane(
+        search,
+        authenticated=_API_KEY.set,
+        url_errors=_url_errors,
+        error=lambda exc: _error(error_info(exc)),
+    )
 
     @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413))
     async def recall_posted(body: SearchBody) -> dict[str, Any]:

@@ -172,6 +172,8 @@ def _space_args(tenant: str, space: Space) -> tuple[str, str, str, str]:
 class SQLiteBackend:
     def __init__(self, path: Path, conn: apsw.Connection) -> None:
         self.path = path
+        # Made once: the HTTP server asks for them on every request.
+        self._files = tuple(sidecar_files(path))
         self._conn = conn
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
@@ -991,7 +993,7 @@ class SQLiteBackend:
             )
 
     def files(self) -> list[Path]:
-        return sidecar_files(self.path)
+        return list(self._files)
 
     def close(self) -> None:
         self._conn.close()
