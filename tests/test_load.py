@@ -8,6 +8,7 @@ import asyncio
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -194,6 +195,64 @@ print("status", status, flush=True)
     assert (done.returncode, done.stdout) == (0, "status 1\n"), done.stderr
     # The first failure stops the other worker, which may not have got as far.
     assert "RuntimeError: no app" in done.stderr
+
+
+_PIDS_SERVER = """
+import os, sys, time
+from deleatur.servers.workers import listen, run_workers
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/block":
+        print("blocking", flush=True)
+        time.sleep(1)  # the worker's loop is held: it accepts nothing meanwhile
+    body = str(os.getpid()).encode()
+    length = [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": length})
+    await send({"type": "http.response.body", "body": body})
+
+sock = listen("127.0.0.1", 0, workers=2)
+port = sock.getsockname()[1]
+sys.exit(run_workers(lambda: app, sock, workers=2, started=lambda: print(port, flush=True)))
+"""
+
+
+def _ask(connection: socket.socket, path: str) -> None:
+    connection.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+
+
+def _served_by(connection: socket.socket) -> int:
+    with connection:
+        answer = b""
+        while chunk := connection.recv(4096):
+            answer += chunk
+    return int(answer.split(b"\r\n\r\n", 1)[1])
+
+
+@linux_only
+def test_workers_share_a_burst_of_connections_while_one_is_busy() -> None:
+    """Clients connecting at once, as a load generator's do, reach both workers even
+    while one is busy with a long call: on one shared listening socket, the other
+    accepted them all, and kept them (keep-alive) after the busy one was free again.
+    None is refused just after the server says it listens."""
+    with subprocess.Popen([sys.executable, "-c", _PIDS_SERVER], stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            first = socket.create_connection(("127.0.0.1", port), timeout=30)
+            _ask(first, "/block")
+            assert server.stdout.readline() == "blocking\n"
+            burst = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(31)]
+            for connection in burst:
+                _ask(connection, "/")
+            busy = _served_by(first)
+            served_by = [_served_by(connection) for connection in burst]
+            workers = set(_children(server.pid))
+            assert busy in workers and set(served_by) == workers and len(workers) == 2
+        finally:
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=30) == 0
 
 
 def _children(pid: int) -> list[int]:

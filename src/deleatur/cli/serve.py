@@ -63,7 +63,7 @@ def _serve(name: str, host: str, port: int, tail: str, build: Callable[[], ASGIA
     a worker failed."""
     from ..servers.workers import listen, run_workers
 
-    sock = listen(host, port)
+    sock = listen(host, port, workers=workers)
     where = f"deleatur {name} on http://{host}:{sock.getsockname()[1]}{tail}"
     if workers > 1:
         where += f", {workers} worker processes"

@@ -12,6 +12,12 @@ never passes through the environment or an import string. The parent only binds
 the socket, starts the workers and waits; SIGTERM or SIGINT stops them all, and a
 worker that dies stops the others and makes the parent exit non-zero, rather than
 leaving a server quietly running at a fraction of its capacity.
+
+On Linux each worker listens on a socket of its own, bound to the same address
+with ``SO_REUSEPORT``, and the kernel spreads new connections over them. On one
+shared listening socket, whichever worker woke first accepted every connection of
+a burst: 32 keep-alive clients connecting at once all went to one worker in two
+runs of seven, and the other idled (BENCHMARKS.md, "Recall's lane").
 """
 
 from __future__ import annotations
@@ -40,18 +46,44 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``."""
+#: Where each worker can listen on a socket of its own.
+_PORT_SHARED = sys.platform == "linux"
+
+
+def listen(host: str, port: int, *, workers: int = 1) -> socket.socket:
+    """The TCP socket on ``host:port`` that :func:`run_workers` serves with ``workers``
+    processes: a listening one, or, for several workers on Linux, one bound with
+    ``SO_REUSEPORT`` (it holds the port), beside which each worker binds and listens
+    on its own (a listening one here would take a share of the connections, which no
+    worker accepts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
+        if workers > 1 and _PORT_SHARED:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+        else:
+            sock.bind((host, port))
+            sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise InvalidInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
+
+
+def _listening(sock: socket.socket) -> socket.socket:
+    """A worker's listening socket: ``sock`` itself if it listens, else (see
+    :func:`listen`) a new one bound beside it."""
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        return sock
+    own = socket.socket(sock.family, socket.SOCK_STREAM)
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    own.bind(sock.getsockname())
+    own.listen(BACKLOG)
+    sock.close()
+    return own
 
 
 class _Stopped(BaseException):
@@ -92,18 +124,41 @@ def _end_with(parent: int) -> None:
 
 
 def _child(
-    build: Callable[[], ASGIApp], sock: socket.socket, log_level: str, parent: int, mask: set[int | signal.Signals]
+    build: Callable[[], ASGIApp],
+    sock: socket.socket,
+    log_level: str,
+    parent: int,
+    mask: set[int | signal.Signals],
+    ready: tuple[int, int],
 ) -> NoReturn:
-    """A forked worker's whole life: it never returns into the code that forked it."""
+    """A forked worker's whole life: it never returns into the code that forked it.
+    It writes a byte to ``ready`` once it listens."""
     status = 1
     try:
         for signum in _STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _end_with(parent)
-        status = _serve(build, sock, log_level)
+        os.close(ready[0])
+        listening = _listening(sock)
+        os.write(ready[1], b"\0")
+        os.close(ready[1])
+        status = _serve(build, listening, log_level)
+    except Exception:
+        traceback.print_exc()
     finally:
         os._exit(status)
+
+
+def _wait_listening(ready: int, workers: int) -> None:
+    """Until ``workers`` workers listen, or each of the others has ended (a worker that
+    ends closes its end of the pipe; the wait for workers then says why)."""
+    told = 0
+    while told < workers:
+        byte = os.read(ready, workers - told)
+        if not byte:
+            return
+        told += len(byte)
 
 
 def how_it_ended(status: int) -> str:
@@ -167,6 +222,8 @@ def run_workers(
 
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     failed = False
+    ready = os.pipe()
+    unclosed = set(ready)
     try:
         for number in range(1, workers + 1):
             if stopping:
@@ -180,12 +237,17 @@ def run_workers(
             try:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child's coverage is not collected
-                    _child(build, sock, log_level, parent, mask)
+                    _child(build, sock, log_level, parent, mask, ready)
                 live[pid] = number
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if stopping:
                 stop()  # a stop handled between the fork and ``live[pid]`` reaches this worker too
+        os.close(ready[1])
+        unclosed.discard(ready[1])
+        # Said once every worker listens: a client told the address then is not refused
+        # for want of a listening socket (connections wait in a listening one's backlog).
+        _wait_listening(ready[0], len(live))
         started()
         while live:
             pid, status = os.wait()
@@ -200,6 +262,8 @@ def run_workers(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        for end in unclosed:
+            os.close(end)
         sock.close()
     return 1 if failed else 0
 
