@@ -1,5 +1,5 @@
-"""Recall's lane (deleatur.servers.lane): it serves exactly what the route would, and
-leaves every request it cannot read as the route does to the route."""
+"""The lanes of recall and remember (deleatur.servers.lane): they serve exactly what the
+routes would, and leave every request they cannot read as the route does to the route."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Scope
 
 from deleatur import NewMemory, Role, Space
 from deleatur.servers.http import API, _query_names, _url_errors, create_app
-from deleatur.servers.lane import DEFAULTS, NAMES, PATH, SearchLane, lane_arguments
+from deleatur.servers.lane import DEFAULTS, MEMORIES, NAMES, SEARCH, Lanes, recall_arguments, remember_body
 
 from .serving import api_key, new_store, serving
 
@@ -43,8 +44,8 @@ def _scope(query: bytes = b"q=tea", headers: list[tuple[bytes, bytes]] | None = 
     return {
         "type": "http",
         "method": "GET",
-        "path": PATH,
-        "raw_path": PATH.encode(),
+        "path": SEARCH,
+        "raw_path": SEARCH.encode(),
         "query_string": query,
         "root_path": "",
         "headers": given,
@@ -54,7 +55,7 @@ def _scope(query: bytes = b"q=tea", headers: list[tuple[bytes, bytes]] | None = 
 
 def test_the_lane_takes_the_routes_parameters_with_its_defaults() -> None:
     app = create_app(lambda: pytest.fail("no handle is opened"))
-    [route] = [r for r in app.routes if isinstance(r, APIRoute) and r.path == PATH and "GET" in (r.methods or ())]
+    [route] = [r for r in app.routes if isinstance(r, APIRoute) and r.path == SEARCH and "GET" in (r.methods or ())]
     assert frozenset(_query_names(route.dependant)) == NAMES
     given = {field.alias: field.field_info.is_required() for field in route.dependant.query_params}
     assert [name for name, required in given.items() if required] == ["q"]
@@ -63,15 +64,15 @@ def test_the_lane_takes_the_routes_parameters_with_its_defaults() -> None:
 
 
 def test_a_plain_recall_is_taken_with_the_routes_defaults() -> None:
-    assert lane_arguments(_scope(), _url_errors) == ("k-1", {"q": "tea", **DEFAULTS})
-    taken = lane_arguments(
+    assert recall_arguments(_scope(), _url_errors) == ("k-1", {"q": "tea", **DEFAULTS})
+    taken = recall_arguments(
         _scope(b"q=t%C3%A9&limit=1000&user_id=&run_id=r+1", [(b"authorization", b"bearer   k-2  ")]), _url_errors
     )
     assert taken == ("k-2", {"q": "t\u00e9", "limit": "1000", "user_id": "", "agent_id": "", "run_id": "r 1"})
     # The first Authorization header, as Starlette's headers.get gives the route.
     two = [(b"authorization", b"Bearer first"), (b"authorization", b"Bearer second")]
-    assert lane_arguments(_scope(headers=two), _url_errors) == ("first", {"q": "tea", **DEFAULTS})
-    assert lane_arguments(_scope(headers=[(b"authorization", b"Bearer k"), (b"content-length", b"0")]), _url_errors)
+    assert recall_arguments(_scope(headers=two), _url_errors) == ("first", {"q": "tea", **DEFAULTS})
+    assert recall_arguments(_scope(headers=[(b"authorization", b"Bearer k"), (b"content-length", b"0")]), _url_errors)
 
 
 @pytest.mark.parametrize(
@@ -93,26 +94,44 @@ def test_a_plain_recall_is_taken_with_the_routes_defaults() -> None:
         (_scope(headers=[(b"authorization", b"Bearer k"), (b"transfer-encoding", b"chunked")]), "a chunked body"),
         (_scope(method="HEAD"), "another method"),
         (_scope(method="POST"), "the POST route"),
-        (_scope(path=PATH + "/"), "another path"),
+        (_scope(path=SEARCH + "/"), "another path"),
         (_scope(root_path="/api"), "an app mounted under a root path"),
         (_scope(type="websocket"), "not HTTP"),
     ],
 )
 def test_the_lane_leaves_to_the_route_what_it_cannot_read_as_the_route(scope: Scope, why: str) -> None:
-    assert lane_arguments(scope, _url_errors) is None, why
+    assert recall_arguments(scope, _url_errors) is None, why
 
 
-def _both(app: API, url: str, params: dict[str, str], headers: dict[str, str]) -> tuple[httpx.Response, ...]:
-    """The answer through the lane, then the route's own to the same request."""
-    lane = app.lane
+def _both(app: API, url: str, method: str, path: str, **request: Any) -> tuple[httpx.Response, httpx.Response]:
+    """The answer through the lanes, then the route's own to the same request."""
+    lanes = app.lanes
     with httpx.Client(base_url=url) as http:
-        through_lane = http.get(PATH, params=params, headers=headers)
-        app.lane = None
+        through_lane = http.request(method, path, **request)
+        app.lanes = None
         try:
-            by_route = http.get(PATH, params=params, headers=headers)
+            by_route = http.request(method, path, **request)
         finally:
-            app.lane = lane
+            app.lanes = lanes
     return through_lane, by_route
+
+
+def _same_refusal(through_lane: httpx.Response, by_route: httpx.Response) -> None:
+    """The same error, but for each call's own request id."""
+    lane_error, route_error = through_lane.json()["error"], by_route.json()["error"]
+    assert ("request_id" in lane_error) == ("request_id" in route_error)
+    assert lane_error.pop("request_id", 1) != route_error.pop("request_id", 2)
+    assert lane_error == route_error
+
+
+def _same_headers(through_lane: httpx.Response, by_route: httpx.Response, *, length: bool = True) -> None:
+    for header in ("content-type", "www-authenticate", *(["content-length"] if length else [])):
+        assert through_lane.headers.get(header) == by_route.headers.get(header), header
+
+
+def _bearer(lane_server: tuple[API, str, str, str], who: str) -> dict[str, str]:
+    _, _, member, scoped = lane_server
+    return {"Authorization": "Bearer " + {"member": member, "scoped": scoped, "wrong key": "dlt_wrong_key"}[who]}
 
 
 @pytest.mark.parametrize(
@@ -129,52 +148,183 @@ def _both(app: API, url: str, params: dict[str, str], headers: dict[str, str]) -
         ({"q": "tea"}, "scoped", 403),
     ],
 )
-def test_the_lane_answers_as_the_route(
+def test_the_recall_lane_answers_as_the_route(
     lane_server: tuple[API, str, str, str], params: dict[str, str], who: str, status: int
 ) -> None:
-    app, url, member, scoped = lane_server
-    key = {"member": member, "scoped": scoped, "wrong key": "dlt_wrong_key"}[who]
-    through_lane, by_route = _both(app, url, params, {"Authorization": f"Bearer {key}"})
+    app, url, _, _ = lane_server
+    through_lane, by_route = _both(app, url, "GET", SEARCH, params=params, headers=_bearer(lane_server, who))
     assert through_lane.status_code == by_route.status_code == status
     if status == 200:
         assert through_lane.content == by_route.content
-    else:  # but for the call's own request id
-        lane_error, route_error = through_lane.json()["error"], by_route.json()["error"]
-        assert ("request_id" in lane_error) == ("request_id" in route_error)
-        assert lane_error.pop("request_id", 1) != route_error.pop("request_id", 2)
-        assert lane_error == route_error
-    for header in ("content-type", "content-length", "www-authenticate"):
-        assert through_lane.headers.get(header) == by_route.headers.get(header), header
-    if status == 200:
         assert all(h["user_id"] == params.get("user_id", "default") for h in through_lane.json()["hits"])
+    else:
+        _same_refusal(through_lane, by_route)
+    _same_headers(through_lane, by_route)
     if params == {"q": "tea"} and who == "member":
         assert len(through_lane.json()["hits"]) == 6
 
 
-def test_the_lane_serves_the_routes_requests(tmp_path: Path) -> None:
-    """Shown on an app itself: the lane answers, and says it did."""
+@pytest.mark.parametrize(
+    ("body", "who", "status"),
+    [
+        ({"text": "lane memo", "subject": "Ann"}, "member", 201),
+        (
+            {
+                "text": "Ann's phone is +1",
+                "subject": " ANN ",
+                "key": "ann::phone",
+                "metadata": {"channel": "crm"},
+                "source": "call",
+                "confidence": 0.5,
+                "expires_at": "2030-01-01T00:00:00Z",
+                "user_id": "u3",
+                "agent_id": "a",
+            },
+            "member",
+            201,
+        ),
+        ({"text": "", "subject": "Ann"}, "member", 422),  # the library's refusals
+        ({"text": "x", "subject": "  "}, "member", 422),
+        ({"text": "x", "subject": "Ann", "expires_at": "soon"}, "member", 422),
+        ({"text": "x", "subject": "Ann", "derived_from": ["0190a0a0-0000-7000-8000-000000000000"]}, "member", 404),
+        ({"text": "x", "subject": "Ann"}, "wrong key", 401),
+        ({"text": "x", "subject": "Ann"}, "scoped", 403),
+    ],
+)
+def test_the_remember_lane_answers_as_the_route(
+    lane_server: tuple[API, str, str, str], body: dict[str, Any], who: str, status: int
+) -> None:
+    app, url, _, _ = lane_server
+    through_lane, by_route = _both(app, url, "POST", MEMORIES, json=body, headers=_bearer(lane_server, who))
+    assert through_lane.status_code == by_route.status_code == status
+    if status == 201:
+        made, again = through_lane.json(), by_route.json()
+        assert made["id"] != again["id"]
+        # A keyed write through the route supersedes the lane's: the lane's was written.
+        assert again.pop("supersedes") == (made["id"] if "key" in body else None)
+        for answer in (made, again):
+            for member in ("id", "created_at", "updated_at"):
+                del answer[member]
+        assert made.pop("supersedes") is None
+        assert made == again
+    else:
+        _same_refusal(through_lane, by_route)
+    _same_headers(through_lane, by_route, length=status != 201)  # "supersedes" is set in one
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'{"text": "x", "subject": "Ann", "subject": "Bob"}', "a repeated member"),
+        (b'{"text": "x", "subject": "Ann"', "not JSON"),
+        (b'{"text": "x", "subject": "Ann", "colour": "red"}', "a member the route does not take"),
+        (b'{"text": 5, "subject": "Ann"}', "a member of another type"),
+        (b'{"text": "x"}', "a member missing"),
+        (b'["x"]', "not an object"),
+        (b"\xff", "not UTF-8"),
+        (b"[" * 100_000, "nested too deeply"),
+    ],
+)
+def test_a_body_the_remember_route_refuses_is_the_routes_to_refuse(
+    lane_server: tuple[API, str, str, str], content: bytes, why: str
+) -> None:
+    """The lane read it first, and gives it to the app to read again."""
+    app, url, _, _ = lane_server
+    headers = {**_bearer(lane_server, "member"), "Content-Type": "application/json"}
+    through_lane, by_route = _both(app, url, "POST", MEMORIES, content=content, headers=headers)
+    assert through_lane.status_code == by_route.status_code == 422, why
+    _same_refusal(through_lane, by_route)
+
+
+def _post(content_type: bytes = b"application/json", length: bytes = b"30", **extra: Any) -> Scope:
+    headers = [(b"authorization", b"Bearer k-1"), (b"content-type", content_type), (b"content-length", length)]
+    return _scope(b"", headers, **{"method": "POST", "path": MEMORIES, "raw_path": MEMORIES.encode(), **extra})
+
+
+def test_a_plain_remember_is_read_by_the_lane() -> None:
+    assert remember_body(_post(), _url_errors, 64) == ("k-1", 30)
+    assert remember_body(_post(length=b"64"), _url_errors, 64) == ("k-1", 64)
+
+
+@pytest.mark.parametrize(
+    ("scope", "why"),
+    [
+        (_post(b"application/json; charset=utf-8"), "a content type spelt otherwise"),
+        (_post(b"text/plain"), "another content type"),
+        (_post(length=b"65"), "a body over the limit"),
+        (_post(length=b"0"), "no body"),
+        (_post(length=b"-1"), "a length that is no length"),
+        (
+            _scope(
+                b"",
+                [(b"authorization", b"Bearer k"), (b"content-type", b"application/json")],
+                method="POST",
+                path=MEMORIES,
+            ),
+            "no length",
+        ),
+        (_post(headers_extra=True), "a chunked body"),
+        (_post(query_string=b"user_id=u"), "a query the route does not take"),
+        (_post(path=SEARCH), "the search route"),
+        (_post(method="PUT"), "another method"),
+    ],
+)
+def test_the_remember_lane_leaves_to_the_route_what_it_cannot_read_as_the_route(scope: Scope, why: str) -> None:
+    if scope.pop("headers_extra", False):
+        scope["headers"] = [*scope["headers"], (b"transfer-encoding", b"chunked")]
+    assert remember_body(scope, _url_errors, 64) is None, why
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def test_the_lanes_serve_their_routes_requests(tmp_path: Path) -> None:
+    """Shown on an app itself: the lanes answer, and the app sees nothing of it; what
+    they leave goes to the app, a body they read given to it again."""
     opener = new_store(tmp_path / "mem.db")
     with opener() as memory:
         memory.remember_many([NewMemory(f"coffee {i}", subject="Ann") for i in range(3)])
-    member = api_key(opener, Role.MEMBER)
+    bearer = (b"authorization", f"Bearer {api_key(opener, Role.MEMBER)}".encode())
     app = create_app(opener)
-    assert app.lane is not None
+    lanes = app.lanes
+    assert lanes is not None
     sent: list[Message] = []
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
+    to_app: list[tuple[Scope, Message]] = []
 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = _scope(b"q=coffee&limit=2", [(b"authorization", f"Bearer {member}".encode())])
+    async def the_app(scope: Scope, receive: Any, _: Any) -> None:
+        to_app.append((scope, await receive()))
+
+    def body(content: bytes) -> Any:
+        async def receive() -> Message:
+            return {"type": "http.request", "body": content, "more_body": False}
+
+        return receive
+
+    remembered = b'{"text": "coffee 4", "subject": "Ann"}'
+    refused = b'{"text": "coffee 5", "subject": "Ann", "subject": "Bob"}'
     try:
-        assert asyncio.run(app.lane(scope, receive, send)) is True
-        assert sent[0]["status"] == 200
+        asyncio.run(lanes(_scope(b"q=coffee&limit=2", [bearer]), _no_body, send, the_app))
+        assert sent[0]["status"] == 200 and to_app == []
         assert len(httpx.Response(200, content=sent[1]["body"]).json()["hits"]) == 2
         sent.clear()
-        assert asyncio.run(app.lane(_scope(b"q=coffee&limit=02"), receive, send)) is False
+        posted = _post(length=str(len(remembered)).encode())
+        posted["headers"][0] = bearer
+        asyncio.run(lanes(posted, body(remembered), send, the_app))
+        assert sent[0]["status"] == 201 and to_app == []
+        assert httpx.Response(201, content=sent[1]["body"]).json()["text"] == "coffee 4"
+        sent.clear()
+        asyncio.run(lanes(_scope(b"q=coffee&limit=02"), _no_body, send, the_app))
+        posted = _post(length=str(len(refused)).encode())
+        asyncio.run(lanes(posted, body(refused), send, the_app))
         assert sent == []
+        assert [(scope["path"], message.get("body")) for scope, message in to_app] == [
+            (SEARCH, b""),
+            (MEMORIES, refused),
+        ]
     finally:
         app.state.pool.close()
 
@@ -189,17 +339,17 @@ def test_an_unexpected_failure_is_answered_then_raised() -> None:
     def error(exc: Exception) -> Response:
         return JSONResponse({"error": type(exc).__name__}, status_code=500)
 
-    lane = SearchLane(search, authenticated=lambda _: None, url_errors=_url_errors, error=error)
+    lanes = Lanes(search, search, BaseModel, authenticated=lambda _: None, url_errors=_url_errors, error=error, most=64)
     sent: list[Message] = []
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message: Message) -> None:
         sent.append(message)
 
+    async def no_app(*_: Any) -> None:
+        pytest.fail("the lane took the request")
+
     with pytest.raises(RuntimeError) as raised:
-        asyncio.run(lane(_scope(), receive, send))
+        asyncio.run(lanes(_scope(), _no_body, send, no_app))
     assert raised.value is failure
     assert sent[0]["status"] == 500
     assert sent[1]["body"] == b'{"error":"RuntimeError"}'

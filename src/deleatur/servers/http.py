@@ -63,7 +63,7 @@ from .calls import (
 from .defaults import DEFAULT_BASIS, DEFAULT_HANDLES, DEFAULT_MAX_BODY_BYTES
 from .errors import ErrorInfo, error_info
 from .groupcommit import Alone, CommitGroups, Group
-from .lane import SearchLane
+from .lane import Lanes
 from .pool import HandlePool
 
 # Pauses of a request between tries for a lock another process holds: short at first,
@@ -633,13 +633,15 @@ async def _shut_down_after(executor: ThreadPoolExecutor) -> AsyncIterator[None]:
 
 
 class API(FastAPI):
-    """The API, with recall's lane (:mod:`.lane`) in front of it."""
+    """The API, with the lanes of recall and remember (:mod:`.lane`) in front of it."""
 
-    lane: SearchLane | None = None
+    lanes: Lanes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.lane is None or not await self.lane(scope, receive, send):
+        if self.lanes is None:
             await super().__call__(scope, receive, send)
+        else:
+            await self.lanes(scope, receive, send, super().__call__)
 
 
 def create_app(
@@ -1038,11 +1040,14 @@ def create_app(
         """Full-text search over the active memories of one space, best first."""
         return await search(q, lambda: Space(user_id, agent_id, run_id), limit)
 
-    app.lane = SearchLane(
+    app.lanes = Lanes(
         search,
+        remember,
+        RememberBody,
         authenticated=_API_KEY.set,
         url_errors=_url_errors,
         error=lambda exc: _error(error_info(exc)),
+        most=max_body_bytes,
     )
 
     @app.post("/v1/memories/search", tags=["memories"], responses=_errors(410, 413))
