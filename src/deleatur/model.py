@@ -549,6 +549,7 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The documented JSON shape of a record (the nonce is a salt, not data)."""
+        created = isoformat(self.created_at)
         return {
             "id": self.id,
             "tenant": self.tenant,
@@ -567,8 +568,10 @@ class Record:
             "supersedes": self.supersedes,
             "reason": self.reason,
             "actor": self.actor,
-            "created_at": isoformat(self.created_at),
-            "updated_at": isoformat(self.updated_at),
+            "created_at": created,
+            # Most records were never updated: the time is spelt once (servers spell it for
+            # every record they answer with).
+            "updated_at": created if self.updated_at == self.created_at else isoformat(self.updated_at),
             "expires_at": None if self.expires_at is None else isoformat(self.expires_at),
         }
 
@@ -608,7 +611,9 @@ class Hit:
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON with its ``score``."""
-        return {**self.record.to_json(), "score": self.score}
+        made = self.record.to_json()
+        made["score"] = self.score
+        return made
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Hit:
