@@ -1,0 +1,75 @@
+"""Instructions per request of the HTTP API's ASGI app, driven in process as
+``bench_app.py`` drives it (32 concurrent clients, no network, no uvicorn), counted
+by callgrind, so another process on the machine does not change the figures
+(valgrind must be installed). Not a test. To compare two revisions, run it from a
+clean export of each::
+
+    PYTHONPATH=<export>/src .venv/bin/python bench/bench_app_instructions.py recall
+    PYTHONPATH=<export>/src .venv/bin/python bench/bench_app_instructions.py remember
+
+The store is ``bench_http.py``'s (10,000 records, a member's API key), built once
+outside valgrind and copied for each run. A child process serves the app's warm-up
+(64 requests) and then N requests; it runs under callgrind with N = 0 and with N =
+``--requests``, and the difference over N is the figure (the setup, the imports and
+the warm-up cancel out). Runs of unchanged code differ by about 0.2 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench_app import rounds
+from bench_http import MASTER, prepare
+from deleatur import Memory, from_bytes
+from deleatur.servers.http import create_app
+
+
+def child(store: Path, operation: str, requests: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for file in store.iterdir():
+            shutil.copy(file, Path(tmp) / file.name)
+        path = Path(tmp) / "bench.db"
+        app = create_app(lambda: Memory.open(path, from_bytes(MASTER)))
+        load = argparse.Namespace(operation=operation, requests=requests, rounds=1 if requests else 0, concurrency=32)
+        asyncio.run(rounds(app, load, (Path(tmp) / "api-key").read_text()))
+
+
+def count(store: Path, operation: str, requests: int) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".cg") as out:
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}"]
+        command += [sys.executable, __file__, "--child", str(store), operation, str(requests)]
+        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    return int(next(line for line in log.splitlines() if "Collected" in line).split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("operation", nargs="?", choices=("remember", "recall"))
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        store, operation, requests = args.child
+        child(Path(store), operation, int(requests))
+        return
+    if args.operation is None:
+        parser.error("name the operation: remember or recall")
+    with tempfile.TemporaryDirectory() as store:
+        (Path(store) / "api-key").write_text(prepare(Path(store) / "bench.db", 10_000))
+        # Two valgrind runs at once: one per core of the 2-core machines here.
+        with ThreadPoolExecutor(2) as pool:
+            base = pool.submit(count, Path(store), args.operation, 0)
+            total = pool.submit(count, Path(store), args.operation, args.requests)
+            per_request = (total.result() - base.result()) / args.requests
+    print(f"{args.operation}: {per_request:,.0f} instructions per request ({args.requests} requests)")
+
+
+if __name__ == "__main__":
+    main()
