@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Scope
@@ -210,6 +212,78 @@ def test_the_remember_lane_answers_as_the_route(
     else:
         _same_refusal(through_lane, by_route)
     _same_headers(through_lane, by_route, length=status != 201)  # "supersedes" is set in one
+
+
+_LIMITS = st.sampled_from(["1", "10", "1000", "1001", "0", "010", " 5", "5.0", "+5", "-1", "", "1e3", "\u0661"])
+_WORDS = st.one_of(st.text(max_size=12), st.sampled_from(["tea", "coffee note", "another", ""]))
+# Mostly queries the lane takes (each parameter once), some with a parameter repeated,
+# unknown or misspelt: the route's alone to answer.
+_QUERIES = st.tuples(
+    st.fixed_dictionaries(
+        {"q": _WORDS},
+        optional={"limit": _LIMITS | st.integers(1, 1000).map(str), "user_id": _WORDS, "agent_id": _WORDS},
+    ),
+    st.lists(st.tuples(st.sampled_from(["q", "limit", "run_id", "lmit"]), _WORDS | _LIMITS), max_size=2),
+).map(lambda given: [*given[0].items(), *given[1]])
+
+
+@settings(max_examples=100, deadline=None)
+@given(params=_QUERIES)
+def test_any_recall_query_is_answered_as_the_route_answers_it(
+    lane_server: tuple[API, str, str, str], params: list[tuple[str, str]]
+) -> None:
+    app, url, _, _ = lane_server
+    through_lane, by_route = _both(app, url, "GET", SEARCH, params=params, headers=_bearer(lane_server, "member"))
+    assert through_lane.status_code == by_route.status_code
+    if through_lane.status_code == 200:
+        assert through_lane.content == by_route.content
+    else:
+        _same_refusal(through_lane, by_route)
+    _same_headers(through_lane, by_route)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+_TEXTS = st.none() | st.text(max_size=8)
+# Mostly bodies of the route's model, some with a member of another type or one it does
+# not take: the route's alone to refuse.
+_BODIES = st.tuples(
+    st.fixed_dictionaries(
+        {"text": st.text(max_size=20), "subject": st.text(max_size=10) | st.sampled_from(["Ann", "Bob"])},
+        optional={
+            "key": _TEXTS,
+            "metadata": st.none() | st.dictionaries(st.text(max_size=5), _JSON, max_size=3),
+            "source": _TEXTS,
+            "confidence": st.none() | st.integers() | st.floats(allow_nan=False, allow_infinity=False),
+            "derived_from": st.lists(st.text(max_size=5), max_size=2),
+            "expires_at": st.none() | st.integers() | st.sampled_from(["30d", "2030-01-01T00:00:00Z", "soon", ""]),
+            "user_id": st.text(max_size=6),
+            "for_legal_claim": st.booleans(),
+        },
+    ),
+    st.dictionaries(st.sampled_from(["text", "key", "confidence", "colour"]), _JSON, max_size=1),
+).map(lambda given: {**given[0], **given[1]})
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=_BODIES)
+def test_any_remember_body_is_answered_as_the_route_answers_it(
+    lane_server: tuple[API, str, str, str], body: dict[str, Any]
+) -> None:
+    app, url, _, _ = lane_server
+    through_lane, by_route = _both(app, url, "POST", MEMORIES, json=body, headers=_bearer(lane_server, "member"))
+    assert through_lane.status_code == by_route.status_code
+    if through_lane.status_code == 201:
+        made, again = through_lane.json(), by_route.json()
+        for answer in (made, again):
+            for member in ("id", "created_at", "updated_at", "supersedes", "expires_at"):
+                del answer[member]
+        assert made == again
+    else:
+        _same_refusal(through_lane, by_route)
 
 
 @pytest.mark.parametrize(
