@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_app import rounds
 from bench_http import MASTER, prepare
+from bench_server_call_instructions import instructions
 from deleatur import Memory, from_bytes
 from deleatur.servers.http import create_app
 
@@ -42,11 +41,7 @@ def child(store: Path, operation: str, requests: int) -> None:
 
 
 def count(store: Path, operation: str, requests: int) -> int:
-    with tempfile.NamedTemporaryFile(suffix=".cg") as out:
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}"]
-        command += [sys.executable, __file__, "--child", str(store), operation, str(requests)]
-        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
-    return int(next(line for line in log.splitlines() if "Collected" in line).split()[-1])
+    return instructions(__file__, "--child", str(store), operation, str(requests))
 
 
 def main() -> None:

@@ -83,12 +83,16 @@ def child(store: Path, part: str, calls: int) -> None:
                         batch.write()
 
 
-def count(store: Path, part: str, calls: int) -> int:
+def instructions(script: str, *args: str) -> int:
+    """The instructions ``python script args...`` runs, counted by callgrind."""
     with tempfile.NamedTemporaryFile(suffix=".cg") as out:
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}"]
-        command += [sys.executable, __file__, "--child", str(store), part, str(calls)]
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", sys.executable, script, *args]
         log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
     return int(next(line for line in log.splitlines() if "Collected" in line).split()[-1])
+
+
+def count(store: Path, part: str, calls: int) -> int:
+    return instructions(__file__, "--child", str(store), part, str(calls))
 
 
 def main() -> None:
