@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Scope
 
 from deleatur import NewMemory, Role, Space
-from deleatur.servers.http import API, _query_names, _url_errors, create_app
+from deleatur.model import MAX_RECALL
+from deleatur.servers.http import API, BodyLimit, _query_names, _url_errors, create_app
 from deleatur.servers.lane import DEFAULTS, MEMORIES, NAMES, SEARCH, Lanes, recall_arguments, remember_body
 
 from .serving import api_key, new_store, serving
@@ -63,6 +64,16 @@ def test_the_lane_takes_the_routes_parameters_with_its_defaults() -> None:
     assert [name for name, required in given.items() if required] == ["q"]
     defaults = {field.alias: str(field.default) for field in route.dependant.query_params if field.alias != "q"}
     assert defaults == DEFAULTS
+    [limit] = [field for field in route.dependant.query_params if field.alias == "limit"]
+    assert [m.le for m in limit.field_info.metadata if hasattr(m, "le")] == [MAX_RECALL]
+
+
+def test_the_lanes_pass_by_no_middleware_but_the_body_limit() -> None:
+    """The lanes stand in front of the app's middleware: one added later would not see
+    recall and remember (the body limit the remember lane keeps itself)."""
+    app = create_app(lambda: pytest.fail("no handle is opened"))
+    classes: list[object] = [middleware.cls for middleware in app.user_middleware]
+    assert classes == [BodyLimit]
 
 
 def test_a_plain_recall_is_taken_with_the_routes_defaults() -> None:
@@ -298,6 +309,8 @@ def test_any_remember_body_is_answered_as_the_route_answers_it(
         (b'["x"]', "not an object"),
         (b"\xff", "not UTF-8"),
         (b"[" * 100_000, "nested too deeply"),
+        # Near the depth json.loads reaches on the route's stack: the route's to read.
+        (b'{"text": "x", "subject": "Ann", "metadata": {"a": ' + b"[" * 970 + b"1" + b"]" * 970 + b"}}", "deep"),
     ],
 )
 def test_a_body_the_remember_route_refuses_is_the_routes_to_refuse(
@@ -317,8 +330,8 @@ def _post(content_type: bytes = b"application/json", length: bytes = b"30", **ex
 
 
 def test_a_plain_remember_is_read_by_the_lane() -> None:
-    assert remember_body(_post(), _url_errors, 64) == ("k-1", 30)
-    assert remember_body(_post(length=b"64"), _url_errors, 64) == ("k-1", 64)
+    assert remember_body(_post(), _url_errors, 64) == "k-1"
+    assert remember_body(_post(length=b"64"), _url_errors, 64) == "k-1"
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from deleatur import Role
+from deleatur.errors import InvalidInputError
 from deleatur.servers.http import create_app
-from deleatur.servers.workers import how_it_ended
+from deleatur.servers.workers import how_it_ended, listen
 
 from .conftest import MASTER
 from .serving import api_key, new_store, serving
@@ -250,9 +251,29 @@ def test_workers_share_a_burst_of_connections_while_one_is_busy() -> None:
             served_by = [_served_by(connection) for connection in burst]
             workers = set(_children(server.pid))
             assert busy in workers and set(served_by) == workers and len(workers) == 2
+            # Another server on the port is refused, not given a share of its connections.
+            with pytest.raises(InvalidInputError, match=f"cannot listen on 127.0.0.1:{port}"):
+                listen("127.0.0.1", port, workers=2)
         finally:
             server.send_signal(signal.SIGTERM)
             assert server.wait(timeout=30) == 0
+
+
+@linux_only
+def test_no_start_line_when_a_worker_cannot_listen() -> None:
+    program = """
+import sys
+from deleatur.servers import workers
+def cannot(sock):
+    raise OSError("no room on the port")
+workers._listening = cannot
+status = workers.run_workers(lambda: None, workers.listen("127.0.0.1", 0, workers=2), workers=2,
+                             started=lambda: print("started", flush=True))
+print("status", status, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "status 1\n"), done.stderr
+    assert "OSError: no room on the port" in done.stderr
 
 
 def _children(pid: int) -> list[int]:

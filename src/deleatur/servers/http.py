@@ -103,6 +103,7 @@ RequireConfirmation = Annotated[
     bool, Query(description="Refuse the erasure without a dry run's token, whoever the caller is.")
 ]
 Limit = Annotated[int, Query(ge=1, le=1000)]
+RecallLimit = Annotated[int, Query(ge=1, le=MAX_RECALL)]
 
 
 class ErrorDetail(BaseModel):
@@ -462,6 +463,11 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+def _failed(exc: Exception) -> JSONResponse:
+    """The answer to a call that raised ``exc`` (the lanes' and the app's handlers')."""
+    return _error(error_info(exc))
+
+
 def _error(info: ErrorInfo) -> JSONResponse:
     return JSONResponse(info.to_json(), status_code=info.status, headers=CHALLENGE if info.status == 401 else None)
 
@@ -696,11 +702,13 @@ def create_app(
     )
     app.router.route_class = _Route
     app.state.pool = pool
+    # The lanes (.lane) stand in front of every middleware: one added here would not see
+    # recall and remember (tests/test_lane.py says which there are).
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     @app.exception_handler(DeleaturError)
     async def _deleatur_error(_: Request, exc: DeleaturError) -> JSONResponse:
-        return _error(error_info(exc))
+        return _failed(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -729,7 +737,7 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return _error(error_info(exc))
+        return _failed(exc)
 
     # With one handle, whoever uses it, a call in the loop or one in a thread, holds
     # `turn`, taken in the loop in arrival order (asyncio's lock: free, it costs no
@@ -1032,7 +1040,7 @@ def create_app(
     @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
     async def recall(
         q: Annotated[str, Query(description="Words to search for (BM25).")],
-        limit: Limit = 10,
+        limit: RecallLimit = 10,
         user_id: User = "default",
         agent_id: Agent = "",
         run_id: Run = "",
@@ -1046,7 +1054,7 @@ def create_app(
         RememberBody,
         authenticated=_API_KEY.set,
         url_errors=_url_errors,
-        error=lambda exc: _error(error_info(exc)),
+        error=_failed,
         most=max_body_bytes,
     )
 

@@ -27,17 +27,20 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import DeleaturError, InvalidInputError
-from ..model import Space, loads_unique
+from ..model import MAX_RECALL, Space, loads_unique
 
 SEARCH = "/v1/memories/search"
 MEMORIES = "/v1/memories"
 #: The recall route's query parameters, with the defaults it gives those left out.
 DEFAULTS = {"limit": "10", "user_id": "default", "agent_id": "", "run_id": ""}
 NAMES = frozenset({"q", *DEFAULTS})
-# The limits the route's validation takes as pydantic reads them (1-1000, no sign,
-# no leading zero, no space); any other spelling is left to the route to accept or refuse.
-_LIMIT = re.compile(r"[1-9][0-9]{0,3}")
-_MOST = 1000
+# The limits the route's validation takes as pydantic reads them (digits only, no
+# leading zero); any other spelling is left to the route to accept or refuse.
+_LIMIT = re.compile(rf"[1-9][0-9]{{0,{len(str(MAX_RECALL)) - 1}}}")
+# json.loads nests as deep as the stack has room: a body nested nearly that deep parsed
+# in the lane, where the route, deeper in the stack, ran out (its own 422). Bodies that
+# open more brackets than this, in strings too, are the route's to read.
+_MOST_BRACKETS = 200
 
 Search = Callable[[str, Callable[[], Space], int], Awaitable[dict[str, Any]]]
 URLErrors = Callable[[Scope, frozenset[str]], list[Any]]
@@ -75,14 +78,15 @@ def recall_arguments(scope: Scope, url_errors: URLErrors) -> tuple[str, dict[str
         return None
     params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
     limit = params.get("limit")
-    if "q" not in params or (limit is not None and not (_LIMIT.fullmatch(limit) and int(limit) <= _MOST)):
+    if "q" not in params or (limit is not None and not (_LIMIT.fullmatch(limit) and int(limit) <= MAX_RECALL)):
         return None
     return key, {**DEFAULTS, **params}
 
 
-def remember_body(scope: Scope, url_errors: URLErrors, most: int) -> tuple[str, int] | None:
-    """The API key and body length of a remember request the lane may read, or None if
-    the app must see it: a JSON body of a declared length of at most ``most`` bytes."""
+def remember_body(scope: Scope, url_errors: URLErrors, most: int) -> str | None:
+    """The API key of a remember request whose body the lane may read, or None if the
+    app must see it: a JSON body of a declared length of at most ``most`` bytes (the
+    server reads no more than a request declares)."""
     if not _is(scope, "POST", MEMORIES):
         return None
     headers: dict[bytes, bytes] = {}
@@ -93,8 +97,7 @@ def remember_body(scope: Scope, url_errors: URLErrors, most: int) -> tuple[str, 
         return None
     if not length.isdigit() or not 0 < int(length) <= most:
         return None
-    key = _api_key(scope, url_errors, frozenset())
-    return None if key is None else (key, int(length))
+    return _api_key(scope, url_errors, frozenset())
 
 
 async def _read(receive: Receive) -> tuple[bytes | None, list[Message]]:
@@ -149,13 +152,16 @@ class Lanes:
             body, messages = await _read(receive)
             model = None if body is None else self._remember_model(body)
             if model is not None:
-                await self._answer(posted[0], self.remember(model), 201, scope, receive, send)
+                await self._answer(posted, self.remember(model), 201, scope, receive, send)
                 return
             receive = _replaying(messages, receive)
         await app(scope, receive, send)
 
     def _remember_model(self, body: bytes) -> pydantic.BaseModel | None:
-        """The route's body model of ``body``, or None if the route would refuse it."""
+        """The route's body model of ``body``, or None if the route would refuse it, or
+        might read it otherwise."""
+        if body.count(b"[") + body.count(b"{") > _MOST_BRACKETS:
+            return None
         try:
             return self.remember_model.model_validate(loads_unique(body, "the request body"))
         except (InvalidInputError, ValueError, RecursionError):  # pydantic's and json's errors are ValueErrors

@@ -60,11 +60,19 @@ def listen(host: str, port: int, *, workers: int = 1) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        sock.bind((host, port))
         if workers > 1 and _PORT_SHARED:
+            # Bound first without SO_REUSEPORT, so that a port another server listens on
+            # is refused (with it, a second server of the same user would silently take
+            # half of the first one's connections); then again with it, on the same port.
+            # A server started in the instant between the two may still share the port.
+            bound = sock.getsockname()
+            sock.close()
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
+            sock.bind(bound)
         else:
-            sock.bind((host, port))
             sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
@@ -150,15 +158,16 @@ def _child(
         os._exit(status)
 
 
-def _wait_listening(ready: int, workers: int) -> None:
-    """Until ``workers`` workers listen, or each of the others has ended (a worker that
-    ends closes its end of the pipe; the wait for workers then says why)."""
+def _wait_listening(ready: int, workers: int) -> bool:
+    """Whether ``workers`` workers listen: False once one has ended without (a worker
+    that ends closes its end of the pipe; the wait for workers then says why)."""
     told = 0
     while told < workers:
         byte = os.read(ready, workers - told)
         if not byte:
-            return
+            return False
         told += len(byte)
+    return True
 
 
 def how_it_ended(status: int) -> str:
@@ -247,8 +256,8 @@ def run_workers(
         unclosed.discard(ready[1])
         # Said once every worker listens: a client told the address then is not refused
         # for want of a listening socket (connections wait in a listening one's backlog).
-        _wait_listening(ready[0], len(live))
-        started()
+        if _wait_listening(ready[0], len(live)) and not stopping:
+            started()
         while live:
             pid, status = os.wait()
             number = live.pop(pid, 0)
