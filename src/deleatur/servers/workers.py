@@ -16,8 +16,8 @@ leaving a server quietly running at a fraction of its capacity.
 On Linux each worker listens on a socket of its own, bound to the same address
 with ``SO_REUSEPORT``, and the kernel spreads new connections over them. On one
 shared listening socket, whichever worker woke first accepted every connection of
-a burst: 32 keep-alive clients connecting at once all went to one worker in two
-runs of seven, and the other idled (BENCHMARKS.md, "Recall's lane").
+a burst: wrk's 32 keep-alive connections all went to one worker in 5 runs of 13,
+and the other idled (BENCHMARKS.md, "The lanes, and a listening socket per worker").
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def listen(host: str, port: int, *, workers: int = 1) -> socket.socket:
     on its own (a listening one here would take a share of the connections, which no
     worker accepts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = _socket(family, shared=False)
     try:
         sock.bind((host, port))
         if workers > 1 and _PORT_SHARED:
@@ -68,9 +67,7 @@ def listen(host: str, port: int, *, workers: int = 1) -> socket.socket:
             # A server started in the instant between the two may still share the port.
             bound = sock.getsockname()
             sock.close()
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock = _socket(family, shared=True)
             sock.bind(bound)
         else:
             sock.listen(BACKLOG)
@@ -80,14 +77,22 @@ def listen(host: str, port: int, *, workers: int = 1) -> socket.socket:
     return sock
 
 
+def _socket(family: socket.AddressFamily, *, shared: bool) -> socket.socket:
+    """A TCP socket to bind a server's address with: ``shared`` with other sockets on
+    the same port (``SO_REUSEPORT``), or not."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
 def _listening(sock: socket.socket) -> socket.socket:
     """A worker's listening socket: ``sock`` itself if it listens, else (see
     :func:`listen`) a new one bound beside it."""
     if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
         return sock
-    own = socket.socket(sock.family, socket.SOCK_STREAM)
-    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    own = _socket(sock.family, shared=True)
     own.bind(sock.getsockname())
     own.listen(BACKLOG)
     sock.close()
