@@ -11,7 +11,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..model import Space, SpaceFilter, Status
 
@@ -45,8 +45,14 @@ class SpaceRefs:
     run_ref: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRow:
+class StoredRow(NamedTuple):
+    """A record as stored: its personal content still encrypted.
+
+    A named tuple rather than a frozen dataclass, immutable all the same: one is made
+    for every record read, and a frozen dataclass's ``__init__`` (an
+    ``object.__setattr__`` per field) cost four times as much, a twentieth of a recall
+    served over HTTP."""
+
     id: str
     tenant: str
     space: Space
