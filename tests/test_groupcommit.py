@@ -9,11 +9,21 @@ import asyncio
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
 
-from deleatur import DeleaturError, Memory, RestrictedSubjectError, Role, StoreBusyError, StoreError, from_bytes
+from deleatur import (
+    DeleaturError,
+    Memory,
+    RestrictedSubjectError,
+    Role,
+    Space,
+    StoreBusyError,
+    StoreError,
+    from_bytes,
+)
 from deleatur.servers.groupcommit import CommitGroups, Group
 
 from .conftest import MASTER
@@ -176,6 +186,94 @@ def test_audit_entries_written_in_a_rolled_back_write_group_are_written_again(me
     assert len(batch) == 1  # back in the batch, not lost
     batch.write()
     assert [e.entry.fields["action"] for e in memory.audit_entries(calls_only=True)][-2:] == ["get", "audit.show"]
+
+
+def _indexed(memory: Memory, word: str) -> int:
+    """The records the full-text index holds ``word`` for, read on the handle's own
+    connection (inside a group's transaction, too) without making held-back writes."""
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    term = memory._index_terms(Space(), [word])[0]
+    return int(conn.execute("SELECT count(*) FROM ft WHERE ft MATCH ?", (f'body:"{term}"',)).fetchone()[0])
+
+
+def test_a_write_groups_index_writes_are_made_once_as_it_commits(memory: Memory) -> None:
+    """Each call of a group is a savepoint, at which FTS5 would write the terms it holds
+    to a segment of their own: the calls' index writes are held back and made together,
+    and a value written and superseded in the group never enters the index."""
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("a note on the okapi", subject="alice")
+    with group.joining():
+        memory.remember("pet is a quokka", subject="bob", key="bob::pet")
+    with group.joining():
+        latest = memory.remember("pet is a wombat", subject="bob", key="bob::pet")
+    assert _indexed(memory, "okapi") == 0  # held back, inside the group's transaction
+    group.commit()
+    assert (_indexed(memory, "okapi"), _indexed(memory, "wombat"), _indexed(memory, "quokka")) == (1, 1, 0)
+    assert [h.record.id for h in memory.recall("quokka wombat")] == [latest.id]
+    assert memory.verify_log().ok
+
+
+def test_a_recall_in_a_write_group_finds_what_the_group_wrote_before_it(memory: Memory) -> None:
+    group = memory.write_group()
+    with group.joining():
+        written = memory.remember("a note on the okapi", subject="alice")
+    with group.joining():
+        assert [h.record.id for h in memory.recall("okapi")] == [written.id]
+    with group.joining():
+        later = memory.remember("another okapi", subject="alice")
+    group.commit()
+    assert {h.record.id for h in memory.recall("okapi")} == {written.id, later.id}
+
+
+def test_the_index_writes_of_a_call_that_fails_in_a_write_group_are_not_made(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its savepoint undoes its record: were its held-back index write made at the
+    commit, the index would hold its words under a rowid the next record takes."""
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("the okapi stays", subject="alice")
+    insert = memory.backend.insert_many
+
+    def insert_then_fail(rows: Any) -> None:
+        insert(rows)
+        raise StoreError("the disk is full")
+
+    monkeypatch.setattr(memory.backend, "insert_many", insert_then_fail)
+    with group.joining(), pytest.raises(StoreError, match="the disk is full"):
+        memory.remember("the quokka goes", subject="bob")
+    monkeypatch.undo()
+    group.commit()
+    after = memory.remember("a later wombat", subject="carol")
+    assert [r.text for r in memory.list()] == ["the okapi stays", "a later wombat"]
+    assert (_indexed(memory, "okapi"), _indexed(memory, "quokka")) == (1, 0)
+    assert [h.record.id for h in memory.recall("quokka wombat")] == [after.id]
+    assert memory.verify_log().ok
+
+
+def test_index_writes_made_in_a_savepoint_that_is_undone_are_made_again(memory: Memory) -> None:
+    """A search in a savepoint makes the writes held back before it; undoing the
+    savepoint takes them out of the index again, so they must still be made."""
+    group = memory.write_group()
+    with group.joining():
+        kept = memory.remember("the okapi stays", subject="alice")
+
+    class Undone(Exception):
+        pass
+
+    def search_then_fail() -> None:
+        with memory.backend.atomic():  # a savepoint of the group's transaction
+            assert [row.id for row, _ in memory._ranked("okapi", Space(), 10)] == [kept.id]
+            assert _indexed(memory, "okapi") == 1
+            raise Undone
+
+    with group.joining(), pytest.raises(Undone):
+        search_then_fail()
+    assert _indexed(memory, "okapi") == 0
+    group.commit()
+    assert _indexed(memory, "okapi") == 1
+    assert [h.record.id for h in memory.recall("okapi")] == [kept.id]
 
 
 # -- the server's queue of writes ---------------------------------------------------------

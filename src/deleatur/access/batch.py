@@ -123,6 +123,7 @@ class WriteGroup:
         self.memory = memory
         self.joined = False
         self._transaction: AbstractContextManager[None] | None = None
+        self._held_index: AbstractContextManager[None] | None = None
         self._after: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
         self._ended: str | None = None  # "committed" or "rolled back"
@@ -160,7 +161,11 @@ class WriteGroup:
         self.memory._refresh()  # a closed handle is refused as every call refuses it
         transaction = self.memory.backend.atomic()
         transaction.__enter__()
-        self._transaction = transaction
+        # The calls' index writes are made once, as the group commits: each call's
+        # savepoint would otherwise write its own to the index (see store.heldindex).
+        held = self.memory.backend.deferred_index()
+        held.__enter__()
+        self._transaction, self._held_index = transaction, held
         shared.group = self
 
     def _check_thread(self) -> None:
@@ -203,6 +208,9 @@ class WriteGroup:
     def _commit(self, transaction: AbstractContextManager[None]) -> None:
         self._ended = "committed"
         try:
+            held, self._held_index = self._held_index, None
+            if held is not None:
+                held.__exit__(None, None, None)
             signed = self.memory._sign_group()
         except BaseException as exc:
             self._end(exc)
@@ -236,8 +244,11 @@ class WriteGroup:
 
     def _end(self, error: BaseException) -> None:
         transaction, self._transaction = self._transaction, None
+        held, self._held_index = self._held_index, None
         self.memory._shared.group = None
         try:
+            if held is not None:
+                held.__exit__(type(error), error, None)  # its writes are not made
             if transaction is not None:
                 transaction.__exit__(type(error), error, None)
         finally:

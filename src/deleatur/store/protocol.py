@@ -98,7 +98,9 @@ class Backend(Protocol):
 
     def deferred_index(self) -> AbstractContextManager[None]:
         """Inside ``atomic``: the index writes of ``insert_many`` and ``unindex`` are made
-        together when it exits (not at all if it raises); the index is not read meanwhile."""
+        together when it exits (not at all if it raises), or before a ``search`` reads the
+        index; those of a savepoint (a nested ``atomic``) that raises are not made. Inside
+        another, its writes are the outer one's."""
         ...
 
     def insert_many(self, rows: Sequence[tuple[StoredRow, str]]) -> None:

@@ -18,6 +18,7 @@ from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
 from ..sqlitefile import connect, data_version, immediate, savepoint, scrub, sidecar_files
+from .heldindex import HeldIndex
 from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
@@ -178,8 +179,7 @@ class SQLiteBackend:
         meta = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta")}
         self.store_id: str = meta["store_id"]
         conn.register_fts5_function(_BM25, _bm25)
-        # Index deletions and insertions held back by deferred_index(), as (rowid, text).
-        self._deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] | None = None
+        self._deferred: HeldIndex | None = None  # while a deferred_index() block is open
         self._depth = 0  # atomic() blocks open
 
     @classmethod
@@ -202,11 +202,22 @@ class SQLiteBackend:
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
-        # Inside another atomic() (a server's group of writes): a savepoint of it.
         self._depth += 1
         try:
-            with savepoint(self._conn) if self._depth > 1 else immediate(self._conn):
-                yield
+            if self._depth == 1:
+                with immediate(self._conn):
+                    yield
+                return
+            # Inside another atomic() (a server's group of writes): a savepoint of it.
+            held = self._deferred
+            mark = None if held is None else held.mark()
+            try:
+                with savepoint(self._conn):
+                    yield
+            except BaseException:
+                if held is not None and mark is not None:
+                    held.undo_to(mark)
+                raise
         finally:
             self._depth -= 1
 
@@ -221,26 +232,23 @@ class SQLiteBackend:
 
     @contextmanager
     def deferred_index(self) -> Iterator[None]:
-        """Inside ``atomic``: hold the index writes back, then make them all at the end,
-        deletions first, each kind in rowid order; a row both added and removed meanwhile
-        never enters the index. FTS5 flushes its pending terms to a new segment whenever
-        a write's rowid is below the previous one's, so a supersession among inserts
-        would otherwise cost one flush, and later merges, each."""
-        deferred: tuple[list[tuple[int, str]], list[tuple[int, str]]] = ([], [])
-        self._deferred = deferred
+        """Inside ``atomic``: hold the index writes back (see :mod:`.heldindex`), and
+        make them as the block ends, or before a search reads the index. Inside another
+        such block, its writes are the outer block's to make."""
+        if self._deferred is not None:
+            yield
+            return
+        held = self._deferred = HeldIndex()
         try:
             yield
         finally:
             self._deferred = None
-        deletes, inserts = deferred
-        added = {rowid for rowid, _ in inserts}
-        removed = {rowid for rowid, _ in deletes}
-        self._conn.executemany(
-            "INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", sorted(d for d in deletes if d[0] not in added)
-        )
-        self._conn.executemany(
-            "INSERT INTO ft(rowid, body) VALUES (?, ?)", sorted(i for i in inserts if i[0] not in removed)
-        )
+        self._make_held(held)
+
+    def _make_held(self, held: HeldIndex) -> None:
+        deletes, inserts = held.take()
+        self._conn.executemany("INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", deletes)
+        self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", inserts)
 
     def erased_accounts(self) -> list[tuple[str, list[str]]] | None:
         """Before a v12 store's first open with its keys (see schema._v12): each account
@@ -317,7 +325,7 @@ class SQLiteBackend:
             self._conn.executemany("INSERT OR IGNORE INTO lineage(child, parent) VALUES (?, ?)", lineage)
         indexed = [(start + n, text) for n, (row, text) in enumerate(rows) if row.status is Status.ACTIVE]
         if self._deferred is not None:
-            self._deferred[1].extend(indexed)
+            self._deferred.inserts.extend(indexed)
         else:
             self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", indexed)
 
@@ -343,7 +351,7 @@ class SQLiteBackend:
 
     def unindex(self, record_id: str, *, index_text: str) -> None:
         if self._deferred is not None:
-            self._deferred[0].extend(
+            self._deferred.deletes.extend(
                 (int(rowid), index_text)
                 for (rowid,) in self._conn.execute("SELECT rowid FROM records WHERE id = ?", (record_id,))
             )
@@ -368,6 +376,8 @@ class SQLiteBackend:
         than ``common`` records, the newest matches come first instead, unranked (score
         0). Scores are "higher is better".
         """
+        if self._deferred is not None:
+            self._make_held(self._deferred)  # the index is read: it must hold what was written
         per_term = max(per_term, limit)
         while True:
             hits, capped = self._rank(tenant, space, terms, now=now, limit=limit, common=common, per_term=per_term)
