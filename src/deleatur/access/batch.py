@@ -111,7 +111,9 @@ class WriteGroup:
     :meth:`rollback`, undoes every call's writes.
 
     The log's new entries are signed once, as the group commits (when this handle's
-    checkpoint interval says so, as a single write's would be). While the group is open,
+    checkpoint interval says so, as a single write's would be), and the calls' full-text
+    index writes are made then too, together (a recall inside the group makes those so
+    far first, and so finds what the group wrote). While the group is open,
     it keeps the handle's turn: a call from another thread waits for it to end, and one
     from its own thread outside :meth:`joining` is refused (StoreError), a read
     included, since every call writes its audit entry; so, inside it, are removals (which
