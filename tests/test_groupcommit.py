@@ -328,15 +328,10 @@ def test_queued_writes_whose_commit_fails_all_get_its_error_and_leave_nothing(
     assert memory.backend.log_size() == size and [*memory.list()] == []
 
 
-def test_an_error_that_ends_a_write_groups_transaction_leaves_nothing_written(memory: Memory) -> None:
-    """Some errors (an interrupt, a full disk) make SQLite roll the whole transaction back
-    itself: the group's later calls are refused rather than each commit on its own, its
-    commit fails, nothing it wrote is stored, and the handle writes on afterwards."""
-    size = memory.backend.log_size()
+def _interrupt_the_next_record_insert(memory: Memory) -> None:
+    """A call in the open group whose record's insert SQLite interrupts: an error (as a
+    full disk is) after which SQLite rolls the group's whole transaction back itself."""
     conn = memory.backend._conn  # type: ignore[attr-defined]
-    group = memory.write_group()
-    with group.joining():
-        memory.remember("first", subject="alice")
     fire: list[bool] = []
 
     def traced(_cursor: object, sql: str, _bindings: object) -> bool:
@@ -349,19 +344,93 @@ def test_an_error_that_ends_a_write_groups_transaction_leaves_nothing_written(me
 
     conn.exec_trace = traced
     conn.set_progress_handler(interrupt, 1)
-    with group.joining(), pytest.raises(DeleaturError) as failed:
-        memory.remember("second", subject="alice")
-    conn.exec_trace = None
-    conn.set_progress_handler(None)
+    try:
+        with pytest.raises(DeleaturError) as failed:
+            memory.remember("interrupted", subject="alice")
+    finally:
+        conn.exec_trace = None
+        conn.set_progress_handler(None)
     assert isinstance(failed.value.__context__, apsw.InterruptError) or isinstance(failed.value, apsw.InterruptError)
+    assert conn.getautocommit()  # the group's transaction is gone
+
+
+def test_an_error_that_ends_a_write_groups_transaction_leaves_nothing_written(memory: Memory) -> None:
+    """Some errors (an interrupt, a full disk) make SQLite roll the whole transaction back
+    itself: the group's later calls are refused rather than each commit on its own, its
+    commit fails (its held index writes are not made on their own), nothing it wrote is
+    stored, and the handle writes on afterwards."""
+    size = memory.backend.log_size()
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("the okapi note", subject="alice")
+    with group.joining():
+        _interrupt_the_next_record_insert(memory)
     with group.joining(), pytest.raises(StoreError, match="enclosing transaction was rolled back"):
         memory.remember("third", subject="alice")
-    with pytest.raises(apsw.Error):
+    with pytest.raises(StoreError, match="enclosing transaction was rolled back"):
         group.commit()
     assert memory.backend.log_size() == size
-    memory.remember("after", subject="alice")
-    assert [r.text for r in memory.list()] == ["after"]
+    after = memory.remember("an unrelated wombat", subject="bob")  # takes the rowid the first one had
+    assert [r.text for r in memory.list()] == [after.text]
+    assert _indexed(memory, "okapi") == 0
+    assert [h.record.id for h in memory.recall("okapi")] == []
     assert memory.verify_log().ok
+
+
+def test_a_recall_after_a_write_groups_transaction_ended_makes_no_index_write(memory: Memory) -> None:
+    """A search makes the group's held index writes first: not once SQLite has rolled the
+    group's transaction back, where they would commit alone (and stay, whatever the group
+    does next)."""
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("the okapi note", subject="alice")
+    with group.joining():
+        _interrupt_the_next_record_insert(memory)
+    with group.joining(), pytest.raises(StoreError, match="enclosing transaction was rolled back"):
+        memory.recall("okapi")
+    group.rollback()
+    assert [*memory.list()] == []
+    assert _indexed(memory, "okapi") == 0
+
+
+def test_a_server_flush_whose_transaction_ended_makes_no_index_write(memory: Memory) -> None:
+    """The server's queue: each write's error is kept, and the group is committed; the
+    commit must not make the first write's held index write in autocommit."""
+
+    def interrupted(m: Memory) -> None:
+        _interrupt_the_next_record_insert(m)
+
+    got = _queued(memory, [lambda m: m.remember("the okapi note", subject="alice"), interrupted])
+    assert isinstance(got[0], StoreError)  # not answered as written
+    assert [*memory.list()] == []
+    memory.remember("an unrelated wombat", subject="bob")
+    assert [h.record.text for h in memory.recall("okapi")] == []
+
+
+def test_held_index_writes_that_fail_part_way_are_made_later_all_of_them(memory: Memory) -> None:
+    """A search whose making of the held writes fails without ending the transaction (a
+    statement's own error) leaves them held, none half made: the commit makes them."""
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    group = memory.write_group()
+    with group.joining():
+        first = memory.remember("the okapi note", subject="alice")
+    with group.joining():
+        second = memory.remember("another okapi", subject="alice")
+    inserts: list[str] = []
+
+    def refuse_the_second_insert(_cursor: object, sql: str, _bindings: object) -> bool:
+        if sql.startswith("INSERT INTO ft(rowid"):
+            inserts.append(sql)
+        return len(inserts) != 2
+
+    conn.exec_trace = refuse_the_second_insert
+    with group.joining(), pytest.raises(apsw.ExecTraceAbort):
+        memory.recall("okapi")
+    conn.exec_trace = None
+    assert len(inserts) == 2 and not conn.getautocommit()  # the first was made, then undone
+    group.commit()
+    assert {h.record.id for h in memory.recall("okapi")} == {first.id, second.id}
+    assert _indexed(memory, "okapi") == 2
 
 
 def test_no_checkpoint_is_signed_inside_a_write_group(memory: Memory) -> None:

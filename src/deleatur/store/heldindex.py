@@ -43,12 +43,16 @@ class HeldIndex:
         del self.deletes[mark.deletes :], self.inserts[mark.inserts :]
         self.made = mark.made
 
-    def take(self) -> tuple[list[Write], list[Write]]:
+    def pending(self) -> tuple[list[Write], list[Write]]:
         """The writes the index has not received, as (deletions, insertions), each kind in
         rowid order, leaving out a row both added and removed among them (it never enters
-        the index); from now on the caller's to make."""
+        the index)."""
         deletes, inserts = self.deletes[self.made[0] :], self.inserts[self.made[1] :]
-        self.made = (len(self.deletes), len(self.inserts))
         added = {rowid for rowid, _ in inserts}
         removed = {rowid for rowid, _ in deletes}
         return sorted(d for d in deletes if d[0] not in added), sorted(i for i in inserts if i[0] not in removed)
+
+    def made_all(self) -> None:
+        """The index has received every write :meth:`pending` gave (only once it has: a
+        failure part-way leaves them pending, to make again)."""
+        self.made = (len(self.deletes), len(self.inserts))

@@ -246,9 +246,15 @@ class SQLiteBackend:
         self._make_held(held)
 
     def _make_held(self, held: HeldIndex) -> None:
-        deletes, inserts = held.take()
-        self._conn.executemany("INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", deletes)
-        self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", inserts)
+        deletes, inserts = held.pending()
+        if deletes or inserts:
+            # All or none, in the transaction they were held in: refused if SQLite has
+            # rolled it back itself (they would commit alone, under rowids that later
+            # records take); undone whole if one fails (a retry would make some twice).
+            with savepoint(self._conn):
+                self._conn.executemany("INSERT INTO ft(ft, rowid, body) VALUES ('delete', ?, ?)", deletes)
+                self._conn.executemany("INSERT INTO ft(rowid, body) VALUES (?, ?)", inserts)
+        held.made_all()
 
     def erased_accounts(self) -> list[tuple[str, list[str]]] | None:
         """Before a v12 store's first open with its keys (see schema._v12): each account
