@@ -7,7 +7,6 @@ import multiprocessing
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from multiprocessing.synchronize import Barrier
@@ -171,35 +170,6 @@ def test_a_write_group_keeps_the_handle_until_it_ends(memory: Memory, monkeypatc
     thread.start()
     thread.join()
     assert [r.text for r in memory.list(subject="Other")] == ["beside it"]
-
-
-def test_a_write_group_left_open_by_a_thread_that_ended_is_said_at_once_and_closing_rolls_it_back(
-    store_path: Path,
-) -> None:
-    """A thread that begins a group and ends without committing or rolling it back holds
-    the handle's turn for good: another thread's call is told so at once (it waited out
-    the busy timeout, then read as a handle in use), and closing the handle, which
-    waited as long and failed, rolls the group back."""
-    memory, _ = Memory.init(store_path, from_bytes(MASTER))
-
-    def leave_it_open() -> None:
-        group = memory.write_group()
-        with group.joining():
-            memory.remember("never committed", subject="Grace")
-
-    thread = threading.Thread(target=leave_it_open)
-    thread.start()
-    thread.join()
-    started = time.monotonic()
-    with pytest.raises(StoreError, match="ended without committing or rolling it back"):
-        memory.remember("after it", subject="Other")
-    memory.close()
-    assert time.monotonic() - started < sqlitefile.BUSY_TIMEOUT_MS / 1000 / 10
-    with pytest.raises(StoreError, match="closed"):
-        memory.remember("on the closed handle", subject="Other")
-    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
-        assert [*reopened.list()] == []
-        assert reopened.verify_log().ok
 
 
 def _each_in_a_thread_of_its_own(*steps: Callable[[], object]) -> list[BaseException]:

@@ -130,8 +130,6 @@ def _payload(plain: bytes) -> dict[str, Any]:
     return payload
 
 
-#: How often a call waiting for the handle's turn looks whether it will ever come.
-_TURN_SLICE_S = 0.1
 #: Single writes within this long of the last checkpoint share the next one.
 DEFAULT_CHECKPOINT_INTERVAL_US = 100_000
 _MAX_QUERY_TERMS = 32
@@ -238,9 +236,7 @@ class Memory:
     connection, whose transactions two threads calling at once would interleave: threads
     that share a handle take turns, each call waiting for the one in progress (up to the
     busy timeout, then StoreBusyError). A write group or a read snapshot keeps the turn
-    until it ends, and is ended by the thread that began it (a group whose thread ended
-    without ending it stops the handle: calls are refused at once, and ``close()`` rolls
-    the group back); a stream a call returns
+    until it ends, and is ended by the thread that began it; a stream a call returns
     (``list``, ``versions``) takes it for each step. Threads that should work at once
     each open the store, as processes do; the store's locks keep them apart."""
 
@@ -460,23 +456,8 @@ class Memory:
         thread is making on the handle ends first."""
         if not self._owner:
             return
-        try:
-            self._take_turn()
-        except StoreError:
-            group = self._shared.group
-            if group is None or not group.abandoned:
-                raise
-            # No thread will use the connection again: the dead one holds the turn, which
-            # a new one replaces, so that later calls are told the handle is closed.
-            group.roll_back_abandoned()
-            self._shared.turn = threading.RLock()
-            with self._turn():
-                self._close()
-            return
-        try:
+        with self._turn():
             self._close()
-        finally:
-            self._shared.turn.release()
 
     def _close(self) -> None:
         if self._shared.group is not None:
@@ -591,23 +572,11 @@ class Memory:
 
     def _take_turn(self) -> None:
         """Wait for the handle's connection while another thread uses it (see the class)."""
-        waited = 0.0
-        # In slices: a write group whose thread ended without ending it holds the turn
-        # for good, and a caller is told so at once rather than after the busy timeout.
-        while not self._shared.turn.acquire(timeout=_TURN_SLICE_S):
-            group = self._shared.group
-            if group is not None and group.abandoned:
-                raise StoreError(
-                    "a thread began a write group on this store handle and ended without committing"
-                    " or rolling it back: nothing more can be done on the handle; close it (which"
-                    " rolls the group back) and open the store again"
-                )
-            waited += _TURN_SLICE_S
-            if waited >= BUSY_TIMEOUT_MS / 1000:
-                raise StoreBusyError(
-                    f"this store handle was in use by another thread for over {BUSY_TIMEOUT_MS / 1000:g} s:"
-                    " nothing was done; a thread that must not wait opens the store itself"
-                )
+        if not self._shared.turn.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise StoreBusyError(
+                f"this store handle was in use by another thread for over {BUSY_TIMEOUT_MS / 1000:g} s:"
+                " nothing was done; a thread that must not wait opens the store itself"
+            )
 
     @contextmanager
     def _turn(self) -> Iterator[None]:

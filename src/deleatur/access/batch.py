@@ -129,7 +129,7 @@ class WriteGroup:
         self._after: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
         self._ended: str | None = None  # "committed" or "rolled back"
-        self._thread: threading.Thread | None = None  # the thread that began it
+        self._thread: int | None = None  # the thread that began it
 
     @property
     def open(self) -> bool:
@@ -152,7 +152,7 @@ class WriteGroup:
         except BaseException:
             self.memory._shared.turn.release()
             raise
-        self._thread = threading.current_thread()
+        self._thread = threading.get_ident()
 
     def _begin(self) -> None:
         shared = self.memory._shared
@@ -170,14 +170,8 @@ class WriteGroup:
         self._transaction, self._held_index = transaction, held
         shared.group = self
 
-    @property
-    def abandoned(self) -> bool:
-        """Open, and the thread that began it has ended: nothing will end it but
-        :meth:`Memory.close`, which rolls it back."""
-        return self._transaction is not None and self._thread is not None and not self._thread.is_alive()
-
     def _check_thread(self) -> None:
-        if self._thread is not threading.current_thread():
+        if self._thread != threading.get_ident():
             raise StoreError("this write group was begun by another thread: that thread joins it and ends it")
 
     @contextmanager
@@ -249,13 +243,6 @@ class WriteGroup:
             finally:
                 self.memory._shared.turn.release()
         self._ended = "rolled back"
-
-    def roll_back_abandoned(self) -> None:
-        """Roll back a group its thread left open as it ended (see :attr:`abandoned`), from
-        another thread: the turn that dead thread holds stays held, so only a handle that
-        is closing may do this."""
-        assert self.abandoned
-        self._end(StoreError("the write group's thread ended without ending it"))
 
     def _end(self, error: BaseException) -> None:
         transaction, self._transaction = self._transaction, None
