@@ -113,6 +113,22 @@ def test_a_closed_handle_says_so(store_path: Path, clock: FakeClock) -> None:
         memory.remember("more", subject="Alice")
 
 
+def test_closing_twice_is_harmless_after_the_first_close_signed_the_tail(store_path: Path, clock: FakeClock) -> None:
+    """The second of two writes within the checkpoint interval is left for the next
+    checkpoint, which the first close() signs: a second close() (an explicit one inside a
+    ``with`` block, then the block's) raised SQLite's own "connection has been closed"."""
+    memory = Memory.init(store_path, from_bytes(MASTER), clock=clock)[0]
+    with memory:
+        memory.remember("signed at once", subject="Alice")
+        memory.remember("left for the next checkpoint", subject="Alice")
+        memory.close()
+    memory.close()
+    with pytest.raises(StoreError, match="handle is closed"):
+        memory.recall("checkpoint")
+    with Memory.open(store_path, from_bytes(MASTER), clock=clock) as reopened:
+        assert reopened.verify_log().ok  # the first close signed the tail
+
+
 def test_forget_retires_but_keeps_history(memory: Memory) -> None:
     record = memory.remember("Alice likes tea", subject="Alice", key="alice::drink")
     retired = memory.forget(record_id=record.id)

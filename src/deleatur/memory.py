@@ -209,6 +209,8 @@ class _Shared:
     reading: bool = False
     #: The write group whose transaction is open on the handle.
     group: WriteGroup | None = None
+    #: close() has closed the handle: closing it again does nothing.
+    closed: bool = False
     #: Held by the thread whose call (or write group, read snapshot, batch collecting,
     #: stream's step) is using the handle's connection: another thread's call waits its turn.
     turn: threading.RLock = field(default_factory=threading.RLock)
@@ -451,13 +453,16 @@ class Memory:
         )
 
     def close(self) -> None:
-        """Close the store. A view made by :meth:`as_principal` owns nothing: closing it
-        does nothing, and the handle that opened the store closes it. A call another
-        thread is making on the handle ends first."""
+        """Close the store; closing it again does nothing. A view made by
+        :meth:`as_principal` owns nothing: closing it does nothing, and the handle that
+        opened the store closes it. A call another thread is making on the handle ends
+        first."""
         if not self._owner:
             return
         with self._turn():
-            self._close()
+            if not self._shared.closed:
+                self._close()
+                self._shared.closed = True
 
     def _close(self) -> None:
         if self._shared.group is not None:
