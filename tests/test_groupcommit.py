@@ -22,6 +22,7 @@ from deleatur import (
     Space,
     StoreBusyError,
     StoreError,
+    WriteGroup,
     from_bytes,
 )
 from deleatur.servers.groupcommit import CommitGroups, Group
@@ -354,17 +355,24 @@ def _interrupt_the_next_record_insert(memory: Memory) -> None:
     assert conn.getautocommit()  # the group's transaction is gone
 
 
+def _a_group_whose_transaction_ended(memory: Memory) -> WriteGroup:
+    """A group that wrote "the okapi note" (its index write held), then a call that SQLite
+    interrupted, rolling the group's transaction back."""
+    group = memory.write_group()
+    with group.joining():
+        memory.remember("the okapi note", subject="alice")
+    with group.joining():
+        _interrupt_the_next_record_insert(memory)
+    return group
+
+
 def test_an_error_that_ends_a_write_groups_transaction_leaves_nothing_written(memory: Memory) -> None:
     """Some errors (an interrupt, a full disk) make SQLite roll the whole transaction back
     itself: the group's later calls are refused rather than each commit on its own, its
     commit fails (its held index writes are not made on their own), nothing it wrote is
     stored, and the handle writes on afterwards."""
     size = memory.backend.log_size()
-    group = memory.write_group()
-    with group.joining():
-        memory.remember("the okapi note", subject="alice")
-    with group.joining():
-        _interrupt_the_next_record_insert(memory)
+    group = _a_group_whose_transaction_ended(memory)
     with group.joining(), pytest.raises(StoreError, match="enclosing transaction was rolled back"):
         memory.remember("third", subject="alice")
     with pytest.raises(StoreError, match="enclosing transaction was rolled back"):
@@ -381,11 +389,7 @@ def test_a_recall_after_a_write_groups_transaction_ended_makes_no_index_write(me
     """A search makes the group's held index writes first: not once SQLite has rolled the
     group's transaction back, where they would commit alone (and stay, whatever the group
     does next)."""
-    group = memory.write_group()
-    with group.joining():
-        memory.remember("the okapi note", subject="alice")
-    with group.joining():
-        _interrupt_the_next_record_insert(memory)
+    group = _a_group_whose_transaction_ended(memory)
     with group.joining(), pytest.raises(StoreError, match="enclosing transaction was rolled back"):
         memory.recall("okapi")
     group.rollback()
