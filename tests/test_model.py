@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,14 @@ from deleatur import IntegrityError, InvalidInputError, Memory, NewMemory, Space
 from deleatur.clock import LATEST, from_datetime, from_isoformat, isoformat, to_datetime
 from deleatur.crypto.keystore import _frame
 from deleatur.memory import _payload
-from deleatur.model import canonical_key, loads_envelope, parse_metadata, validate_metadata, validate_text
+from deleatur.model import (
+    _has_controls,
+    canonical_key,
+    loads_envelope,
+    parse_metadata,
+    validate_metadata,
+    validate_text,
+)
 
 
 def test_canonical_subject_folds_case_width_and_space() -> None:
@@ -59,6 +67,23 @@ def test_space_requires_a_user() -> None:
     with pytest.raises(InvalidInputError, match="user_id must not be empty"):
         Space("")
     assert Space() == Space("default", "", "")
+
+
+def test_control_characters_are_exactly_those_of_unicode_category_cc() -> None:
+    """Names, notes and texts refuse control characters by a character class, not by
+    looking up each character's category: the two agree on every code point."""
+    for code in range(0x110000):
+        char = chr(code)
+        assert _has_controls(f"a{char}b") == (unicodedata.category(char) == "Cc"), hex(code)
+    for but in ("\t", "\t\n\r"):
+        for code in range(0x100):
+            char = chr(code)
+            assert _has_controls(char, but=but) == (unicodedata.category(char) == "Cc" and char not in but)
+    with pytest.raises(InvalidInputError, match="agent_id contains control characters"):
+        Space("u", "agent\x85")
+    with pytest.raises(InvalidInputError, match="control characters"):
+        validate_text("bell \x07")
+    assert validate_text("tab\tline\r\nbreak") == "tab\tline\r\nbreak"
 
 
 def test_text_validation_names_the_problem() -> None:

@@ -29,9 +29,20 @@ class Status(enum.StrEnum):
     SUPERSEDED = "SUPERSEDED"
 
 
+#: General category Cc (control): these 65 code points, a set Unicode's stability policy
+#: fixes for good, so a character class finds them (a category lookup per character
+#: took a third of validating a space).
+_CONTROLS = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
+
+
+@functools.cache
+def _controls_but(but: str) -> re.Pattern[str]:
+    return re.compile("[" + "".join(re.escape(chr(c)) for c in _CONTROLS if chr(c) not in but) + "]")
+
+
 def _has_controls(value: str, *, but: str = "") -> bool:
     """Whether ``value`` holds a control character other than those in ``but``."""
-    return any(unicodedata.category(ch) == "Cc" and ch not in but for ch in value)
+    return _controls_but(but).search(value) is not None
 
 
 def _check_utf8(value: str, what: str) -> None:
