@@ -134,21 +134,24 @@ _STATUSES = {status.value: status for status in Status}
 
 def _row(values: tuple[Any, ...]) -> StoredRow:
     lineage = values[15]
+    # Positional, in field order (id, tenant, space, subject_ref, key_ref, key_id, status,
+    # supersedes, confidence, created_at, updated_at, expires_at, ciphertext, derived_from):
+    # keywords took twice as long to make the tuple.
     return StoredRow(
-        id=values[0],
-        tenant=values[1],
-        space=_space(values[2], values[3], values[4]),
-        subject_ref=bytes(values[5]),
-        key_ref=None if values[6] is None else bytes(values[6]),
-        key_id=bytes(values[7]),
-        status=_STATUSES.get(values[8]) or Status(values[8]),
-        supersedes=values[9],
-        confidence=values[10],
-        created_at=values[11],
-        updated_at=values[12],
-        expires_at=values[13],
-        ciphertext=bytes(values[14]),
-        derived_from=tuple(sorted(lineage.split(" "))) if lineage else (),
+        values[0],
+        values[1],
+        _space(values[2], values[3], values[4]),
+        bytes(values[5]),
+        None if values[6] is None else bytes(values[6]),
+        bytes(values[7]),
+        _STATUSES.get(values[8]) or Status(values[8]),
+        values[9],
+        values[10],
+        values[11],
+        values[12],
+        values[13],
+        bytes(values[14]),
+        tuple(sorted(lineage.split(" "))) if lineage else (),
     )
 
 
