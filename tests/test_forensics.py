@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Memory, NewMemory, Space
+from deleatur import Memory, NewMemory, Space, sqlitefile
 from deleatur.model import EVERYWHERE
 
 from .conftest import store_files
@@ -116,15 +116,22 @@ def test_rectify_erase_previous_leaves_no_trace(memory: Memory, store_path: Path
     assert [r.text for r in memory.history("alice::phone")] == ["phone is +100"]
 
 
-def test_erasure_leaves_no_plaintext_and_shreds_old_backups(memory: Memory, store_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("upkeep", [False, True], ids=["commits copy the wal", "a thread copies the wal"])
+def test_erasure_leaves_no_plaintext_and_shreds_old_backups(
+    memory: Memory, store_path: Path, tmp_path: Path, upkeep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Distinctive text of one subject among thousands — a derived record and a rectified
     value included — is gone from every byte after the erasure, and a database copy made
-    before it cannot be decrypted for that subject any more, while others still can."""
+    before it cannot be decrypted for that subject any more, while others still can. So
+    too for a server's handle, whose -wal a thread copies into the database (often, here)."""
     from deleatur import DataKeyDestroyedError, from_bytes
     from deleatur.memory import keystore_path
 
     from .conftest import MASTER
 
+    if upkeep:
+        monkeypatch.setattr(sqlitefile, "WAL_AUTOCHECKPOINT_PAGES", 64)
+        memory.upkeep_in_background()
     _fill(memory, 3000)
     secrets = ["quixoticzebrafjord", "wrongvaluexylophonics", "rectifiedmarmalade", "derivedkumquatnebula"]
     first = memory.remember(f"Alice said {secrets[0]}", subject="Alice Quartermain", key="alice::code")

@@ -452,6 +452,16 @@ class Memory:
             tenant=self.tenant,
         )
 
+    def upkeep_in_background(self) -> None:
+        """From now until :meth:`close`, the upkeep a commit would otherwise wait for
+        (copying SQLite's -wal into the database, every few hundred writes) is done in a
+        thread of its own: for a server, whose every request in flight would wait for
+        that commit. Calling it again does nothing."""
+        if not self._owner:
+            raise self._deny("only the handle that opened the store runs its upkeep", "operator")
+        with self._turn():
+            self.backend.upkeep_in_background()
+
     def close(self) -> None:
         """Close the store; closing it again does nothing. A view made by
         :meth:`as_principal` owns nothing: closing it does nothing, and the handle that

@@ -8,7 +8,9 @@ freelist pages.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -223,6 +225,65 @@ def connect(
         if isinstance(exc, apsw.CantOpenError):
             raise StoreError(f"cannot open {path}") from None
         raise
+
+
+class WalCopier:
+    """Copies the -wal of ``conn``'s database into it from a thread of its own, rather
+    than in the commit that grows the -wal past :data:`WAL_AUTOCHECKPOINT_PAGES`.
+
+    Such a commit waited for the copy and its syncs (50-140 ms every few hundred writes
+    on a 2-core VM), and so did a server's event loop and every request it held: they
+    were its slowest 1 % (BENCHMARKS.md). The thread copies what no reader still needs,
+    as SQLite's automatic checkpoint does, and waits for no lock: what it could not do
+    now, it tries again after the next commit. Until :meth:`close`."""
+
+    def __init__(self, path: Path, conn: apsw.Connection, *, copied: Callable[[], None] = lambda: None) -> None:
+        self._copied = copied  # called in the thread after each try (tests wait for it)
+        self._due = threading.Event()
+        self._closing = False
+        # Opened here, not in the thread: a file that cannot be opened is the caller's error.
+        self._own = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+        # A connection finds the -wal as it first reads; until then it checkpoints nothing.
+        self._own.execute("PRAGMA schema_version").fetchall()
+        self._thread = threading.Thread(target=self._copy, name=f"deleatur -wal copier ({path.name})", daemon=True)
+        self._thread.start()
+        self._conn = conn
+        conn.set_wal_hook(self._committed)  # in place of the automatic checkpoint
+
+    def _committed(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
+        if pages >= WAL_AUTOCHECKPOINT_PAGES:
+            self._due.set()
+        return apsw.SQLITE_OK
+
+    def _copy(self) -> None:
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._closing:
+                    return
+                # Busy (another process's checkpoint, a reader) or failed (a full disk):
+                # the -wal stays as it is, and the next commit past the mark asks again.
+                with contextlib.suppress(apsw.Error):
+                    # The long copy first, taking no lock; then, holding the write lock
+                    # for the frames committed meanwhile, the one that has the next writer
+                    # begin the -wal again (it cannot while a reader is in it: no wait,
+                    # since this connection has no busy handler).
+                    self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                    self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+                self._copied()
+        finally:
+            self._own.close()
+
+    def close(self) -> None:
+        """Stop the thread (after the copy it is making), and give the connection's commits
+        their automatic checkpoint back; closing again does nothing."""
+        if self._closing:
+            return
+        self._closing = True
+        self._due.set()
+        self._thread.join()
+        self._conn.wal_autocheckpoint(WAL_AUTOCHECKPOINT_PAGES)
 
 
 @contextmanager

@@ -672,6 +672,7 @@ def create_app(
 
     def opened() -> Memory:
         memory = open_memory()
+        memory.upkeep_in_background()
         if sign_every_write:
             memory.checkpoint_interval_us = 0
         return memory

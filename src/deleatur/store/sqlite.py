@@ -17,7 +17,7 @@ import apsw
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
 from ..model import Space, SpaceFilter, Status
-from ..sqlitefile import connect, data_version, immediate, savepoint, scrub, sidecar_files
+from ..sqlitefile import WalCopier, connect, data_version, immediate, savepoint, scrub, sidecar_files
 from .heldindex import HeldIndex
 from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
@@ -184,6 +184,7 @@ class SQLiteBackend:
         conn.register_fts5_function(_BM25, _bm25)
         self._deferred: HeldIndex | None = None  # while a deferred_index() block is open
         self._depth = 0  # atomic() blocks open
+        self._wal_copier: WalCopier | None = None
 
     @classmethod
     def open(cls, path: Path, *, create: bool, clock: Clock, full_sync: bool = False) -> SQLiteBackend:
@@ -1014,5 +1015,11 @@ class SQLiteBackend:
     def files(self) -> list[Path]:
         return list(self._files)
 
+    def upkeep_in_background(self) -> None:
+        if self._wal_copier is None:
+            self._wal_copier = WalCopier(self.path, self._conn)
+
     def close(self) -> None:
+        if self._wal_copier is not None:
+            self._wal_copier.close()
         self._conn.close()

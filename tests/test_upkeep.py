@@ -1,0 +1,114 @@
+"""Upkeep in the background: a server's commits leave copying the -wal into the database
+to a thread of their own, rather than each few hundredth commit waiting for it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+
+from deleatur import AccessDeniedError, Memory, Role, sqlitefile
+from deleatur.sqlitefile import WalCopier, connect
+
+MARK = 32  # pages: the -wal is copied once a commit leaves it this long
+PAGE = 4096
+
+
+@pytest.fixture
+def conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[apsw.Connection]:
+    monkeypatch.setattr(sqlitefile, "WAL_AUTOCHECKPOINT_PAGES", MARK)
+    made = connect(tmp_path / "db", create=True)
+    made.execute("CREATE TABLE t(x BLOB)")
+    yield made
+    made.close()
+
+
+def _commit_pages(conn: apsw.Connection, pages: int) -> None:
+    """One transaction that adds about ``pages`` pages to the -wal."""
+    with conn:
+        for _ in range(pages):
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(PAGE - 200),))
+
+
+def _wal_pages(tmp_path: Path) -> int:
+    return (tmp_path / "db-wal").stat().st_size // PAGE
+
+
+def _copier(tmp_path: Path, conn: apsw.Connection, copied: Callable[[], None]) -> WalCopier:
+    return WalCopier(tmp_path / "db", conn, copied=copied)
+
+
+def test_commits_past_the_mark_leave_the_copy_to_the_thread(tmp_path: Path, conn: apsw.Connection) -> None:
+    # Control: on its own, the connection copies the -wal as it commits, and the -wal
+    # begins again, so it never holds much more than one transaction.
+    for _ in range(4):
+        _commit_pages(conn, 2 * MARK)
+    assert _wal_pages(tmp_path) < 4 * MARK
+
+    tried, go_on = threading.Event(), threading.Event()
+
+    def copied() -> None:
+        tried.set()
+        assert go_on.wait(30)  # the thread copies nothing more until the test says so
+
+    copier = _copier(tmp_path, conn, copied)
+    try:
+        _commit_pages(conn, 2 * MARK)
+        assert tried.wait(30)  # the thread copied (and nothing else did)
+        for _ in range(4):
+            _commit_pages(conn, 2 * MARK)
+        # With the thread held, nothing copied these commits: the -wal grew by all of them.
+        assert _wal_pages(tmp_path) >= 4 * 2 * MARK
+    finally:
+        go_on.set()
+        copier.close()
+
+
+def test_the_thread_copies_and_the_wal_begins_again(tmp_path: Path, conn: apsw.Connection) -> None:
+    tried = threading.Event()
+    copier = _copier(tmp_path, conn, tried.set)
+    try:
+        _commit_pages(conn, 4 * MARK)
+        assert tried.wait(30)
+        _commit_pages(conn, 1)
+        # Everything before was copied into the database, so that commit began the -wal
+        # again: it is all the -wal holds.
+        frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+        assert frames < MARK
+        assert copied == frames
+        assert conn.execute("SELECT count(*) FROM t").fetchall() == [(4 * MARK + 1,)]
+    finally:
+        copier.close()
+
+
+def test_closing_stops_the_thread_and_gives_the_commits_their_copies_back(
+    tmp_path: Path, conn: apsw.Connection
+) -> None:
+    copier = _copier(tmp_path, conn, lambda: None)
+    thread = copier._thread
+    copier.close()
+    copier.close()  # closing again does nothing
+    assert not thread.is_alive()
+    for _ in range(4):
+        _commit_pages(conn, 2 * MARK)
+    assert _wal_pages(tmp_path) < 4 * MARK  # the connection copies as it commits again
+
+
+def _copiers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("deleatur -wal copier")]
+
+
+def test_a_handle_runs_one_copier_until_it_closes(memory: Memory) -> None:
+    before = len(_copiers())
+    memory.upkeep_in_background()
+    memory.upkeep_in_background()  # again: nothing more
+    assert len(_copiers()) == before + 1
+    principal, _ = memory.create_principal("ops", Role.ADMIN)
+    with pytest.raises(AccessDeniedError, match="only the handle that opened the store"):
+        memory.as_principal(principal).upkeep_in_background()
+    memory.close()
+    assert len(_copiers()) == before
