@@ -1493,26 +1493,27 @@ class Memory:
                     check_writable(self, [current.subject_ref], for_legal_claim=for_legal_claim)
                 self._deactivate(current, Status.SUPERSEDED, now)
                 supersedes = current.id
+        # Positional, in field order, as in _decrypt.
         record = Record(
-            id=self._ids.new(),
-            tenant=self.tenant,
-            space=space,
-            subject=canonical,
-            subject_original=item.subject,
-            key=key,
-            text=item.text,
-            metadata=dict(item.metadata),
-            source=item.source,
-            confidence=item.confidence,
-            derived_from=tuple(sorted(set(item.derived_from))),
-            status=Status.ACTIVE,
-            supersedes=supersedes,
-            created_at=now,
-            updated_at=now,
-            expires_at=item.expires_at if item.expires_at is not None or retention is None else now + retention,
-            nonce=self._random(16),
-            reason=reason,
-            actor=actor,
+            self._ids.new(),
+            self.tenant,
+            space,
+            canonical,  # subject
+            item.subject,  # subject_original
+            key,
+            item.text,
+            dict(item.metadata),
+            item.source,
+            item.confidence,
+            tuple(sorted(set(item.derived_from))),
+            Status.ACTIVE,
+            supersedes,
+            now,  # created_at
+            now,  # updated_at
+            item.expires_at if item.expires_at is not None or retention is None else now + retention,
+            self._random(16),  # nonce
+            reason,
+            actor,
         )
         payload = _dumps(
             {
