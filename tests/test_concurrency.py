@@ -7,6 +7,7 @@ import multiprocessing
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from multiprocessing.synchronize import Barrier
@@ -170,6 +171,106 @@ def test_a_write_group_keeps_the_handle_until_it_ends(memory: Memory, monkeypatc
     thread.start()
     thread.join()
     assert [r.text for r in memory.list(subject="Other")] == ["beside it"]
+
+
+def _in_a_thread(step: Callable[[], object]) -> BaseException | None:
+    """Run ``step`` in a new thread, which has ended on return; what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            step()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return raised[0] if raised else None
+
+
+def _leave_a_group_open(memory: Memory) -> None:
+    """A thread that begins a write group, writes in it, and ends without ending it."""
+
+    def leave_it_open() -> None:
+        group = memory.write_group()
+        with group.joining():
+            memory.remember("never committed", subject="Grace")
+
+    assert _in_a_thread(leave_it_open) is None
+
+
+def test_a_write_group_left_open_by_a_thread_that_ended_is_said_at_once(store_path: Path) -> None:
+    """Its thread ended, so the group will never end: a call from another thread is told
+    so at once (it waited out the busy timeout, then read as a handle in use), whatever
+    that thread's id (a thread started later may have the ended one's, which owned the
+    turn by id, and would have written inside the abandoned group)."""
+    memory, _ = Memory.init(store_path, from_bytes(MASTER))
+    _leave_a_group_open(memory)
+    started = time.monotonic()
+    for _ in range(3):  # new threads, likely given the ended thread's id
+        refused = _in_a_thread(lambda: memory.remember("after it", subject="Other"))
+        assert isinstance(refused, StoreError) and "ended without ending it" in refused.message
+    with pytest.raises(StoreError, match="ended without ending it"):
+        memory.remember("after it", subject="Other")
+    assert time.monotonic() - started < sqlitefile.BUSY_TIMEOUT_MS / 1000 / 10
+    memory.close()
+
+
+@pytest.mark.parametrize("closers", [1, 2])
+def test_closing_the_handle_rolls_back_a_write_group_whose_thread_ended(store_path: Path, closers: int) -> None:
+    """Closing takes over the turn the ended thread kept, and rolls its group back, from
+    any thread (a new one may have the ended one's id); two closing at once close it
+    once, both without error."""
+    memory, _ = Memory.init(store_path, from_bytes(MASTER))
+    _leave_a_group_open(memory)
+    barrier = threading.Barrier(closers)
+
+    def close() -> None:
+        barrier.wait()
+        memory.close()
+
+    threads = [threading.Thread(target=lambda: errors.append(_in_a_thread(close))) for _ in range(closers)]
+    errors: list[BaseException | None] = []
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [None] * closers
+    with pytest.raises(StoreError, match="closed"):
+        memory.remember("on the closed handle", subject="Other")
+    memory.close()  # again: nothing
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert [*reopened.list()] == []  # the group's write never committed
+        reopened.remember("the store works on", subject="Other")
+        assert reopened.verify_log().ok
+
+
+def test_a_close_waiting_for_a_group_whose_thread_then_ends_rolls_it_back(store_path: Path) -> None:
+    """A close that began waiting while the group's thread was alive takes the turn over
+    once that thread ends, rather than failing."""
+    memory, _ = Memory.init(store_path, from_bytes(MASTER))
+    begun, end_it = threading.Event(), threading.Event()
+
+    def hold_then_end() -> None:
+        group = memory.write_group()
+        with group.joining():
+            memory.remember("never committed", subject="Grace")
+        begun.set()
+        end_it.wait()  # and ends, leaving the group open
+
+    holder = threading.Thread(target=hold_then_end)
+    holder.start()
+    begun.wait()
+    closer = threading.Thread(target=memory.close)
+    closer.start()
+    end_it.set()
+    holder.join()
+    closer.join()
+    with pytest.raises(StoreError, match="closed"):
+        memory.remember("on the closed handle", subject="Other")
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert [*reopened.list()] == []
 
 
 def _each_in_a_thread_of_its_own(*steps: Callable[[], object]) -> list[BaseException]:

@@ -110,6 +110,7 @@ from .rights.retention import policy, prune_audit, purge, retention_for, set_pol
 from .sqlitefile import BUSY_TIMEOUT_MS, create_private, sidecar_files
 from .store.protocol import Backend, LineageStub, RowFilter, SpaceRefs, StoredRow
 from .store.sqlite import SQLiteBackend
+from .turn import AbandonedTurn, Turn
 
 _NONCE = 12
 # json.loads's own scanner (C), called without the wrapping (typeshed leaves it out).
@@ -213,7 +214,7 @@ class _Shared:
     closed: bool = False
     #: Held by the thread whose call (or write group, read snapshot, batch collecting,
     #: stream's step) is using the handle's connection: another thread's call waits its turn.
-    turn: threading.RLock = field(default_factory=threading.RLock)
+    turn: Turn = field(default_factory=Turn)
 
 
 R, W, D, V, A = Capability.READ, Capability.WRITE, Capability.DELETE, Capability.VERIFY, Capability.ADMIN
@@ -227,6 +228,10 @@ def _dumps(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+class _TurnAbandoned(StoreError):
+    """The handle's turn is kept by a thread that has ended (see :class:`~deleatur.turn.Turn`)."""
+
+
 class _RotationLockHeld(LogError):
     """The rotation's lock was not to be had, where it would only finish a rotation."""
 
@@ -238,7 +243,9 @@ class Memory:
     connection, whose transactions two threads calling at once would interleave: threads
     that share a handle take turns, each call waiting for the one in progress (up to the
     busy timeout, then StoreBusyError). A write group or a read snapshot keeps the turn
-    until it ends, and is ended by the thread that began it; a stream a call returns
+    until it ends, and is ended by the thread that began it (a write group whose thread
+    ended without ending it refuses other threads' calls at once, and :meth:`close`
+    rolls it back: see ``deleatur.turn``); a stream a call returns
     (``list``, ``versions``) takes it for each step. Threads that should work at once
     each open the store, as processes do; the store's locks keep them apart."""
 
@@ -466,13 +473,36 @@ class Memory:
         """Close the store; closing it again does nothing. A view made by
         :meth:`as_principal` owns nothing: closing it does nothing, and the handle that
         opened the store closes it. A call another thread is making on the handle ends
-        first."""
+        first. A write group left open by a thread that has ended is rolled back."""
         if not self._owner:
             return
-        with self._turn():
-            if not self._shared.closed:
-                self._close()
-                self._shared.closed = True
+        turn = self._shared.turn
+        while not turn.take_over():
+            try:
+                with self._turn():
+                    if not self._shared.closed:
+                        self._close()
+                        self._shared.closed = True
+                return
+            except _TurnAbandoned:
+                continue  # its holder ended while this waited: take the turn over
+        try:
+            self._close_abandoned()
+        finally:
+            turn.release()
+
+    def _close_abandoned(self) -> None:
+        """Close, in the turn a thread that has ended kept (with a write group it began):
+        whatever its rollback does, the files are closed, since nothing else could
+        use the handle again."""
+        group = self._shared.group
+        try:
+            if group is not None:
+                group.roll_back_abandoned()
+        finally:
+            self._shared.closed = True
+            self.keys.close()
+            self.backend.close()
 
     def _close(self) -> None:
         if self._shared.group is not None:
@@ -587,7 +617,15 @@ class Memory:
 
     def _take_turn(self) -> None:
         """Wait for the handle's connection while another thread uses it (see the class)."""
-        if not self._shared.turn.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+        try:
+            taken = self._shared.turn.acquire(timeout=BUSY_TIMEOUT_MS / 1000)
+        except AbandonedTurn:
+            raise _TurnAbandoned(
+                "a write group begun by a thread that has ended without ending it holds this store"
+                " handle: nothing was done; close the handle (which rolls that group back) and open"
+                " the store again"
+            ) from None
+        if not taken:
             raise StoreBusyError(
                 f"this store handle was in use by another thread for over {BUSY_TIMEOUT_MS / 1000:g} s:"
                 " nothing was done; a thread that must not wait opens the store itself"
@@ -2048,7 +2086,7 @@ class Memory:
         finally:
             # Ends the read now, not when the stream is collected; but never waits for the
             # turn here, where a collection in any thread may have brought it.
-            if self._shared.turn.acquire(blocking=False):
+            if self._shared.turn.try_acquire():
                 try:
                     items.close()
                 finally:

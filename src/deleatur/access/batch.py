@@ -129,7 +129,7 @@ class WriteGroup:
         self._after: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
         self._ended: str | None = None  # "committed" or "rolled back"
-        self._thread: int | None = None  # the thread that began it
+        self._thread: threading.Thread | None = None  # the thread that began it
 
     @property
     def open(self) -> bool:
@@ -152,7 +152,7 @@ class WriteGroup:
         except BaseException:
             self.memory._shared.turn.release()
             raise
-        self._thread = threading.get_ident()
+        self._thread = threading.current_thread()
 
     def _begin(self) -> None:
         shared = self.memory._shared
@@ -171,7 +171,7 @@ class WriteGroup:
         shared.group = self
 
     def _check_thread(self) -> None:
-        if self._thread != threading.get_ident():
+        if self._thread is not threading.current_thread():
             raise StoreError("this write group was begun by another thread: that thread joins it and ends it")
 
     @contextmanager
@@ -242,6 +242,13 @@ class WriteGroup:
                 self._end(StoreError("the write group was rolled back"))
             finally:
                 self.memory._shared.turn.release()
+        self._ended = "rolled back"
+
+    def roll_back_abandoned(self) -> None:
+        """As the handle closes, in the turn the group's thread kept though it has ended:
+        undo every call's writes (none of them was answered)."""
+        if self._transaction is not None:
+            self._end(StoreError("the write group was rolled back: the thread that began it ended"))
         self._ended = "rolled back"
 
     def _end(self, error: BaseException) -> None:
