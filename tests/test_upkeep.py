@@ -112,3 +112,74 @@ def test_a_handle_runs_one_copier_until_it_closes(memory: Memory) -> None:
         memory.as_principal(principal).upkeep_in_background()
     memory.close()
     assert len(_copiers()) == before
+
+
+class _PausingFile(apsw.VFSFile):
+    """A file whose syncs wait while ``pause`` is set: a checkpoint syncs the database
+    after its copy, holding the checkpoint lock."""
+
+    pause = threading.Event()
+    inside = threading.Event()
+    go_on = threading.Event()
+
+    def xSync(self, flags: int) -> None:
+        if self.pause.is_set():
+            self.inside.set()
+            assert self.go_on.wait(30)
+        super().xSync(flags)
+
+
+_PAUSING = "deleatur-test-pausing"
+
+
+class _PausingVFS(apsw.VFS):
+    def __init__(self) -> None:
+        super().__init__(_PAUSING, "")
+
+    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> apsw.VFSFile:
+        return _PausingFile("", name, flags)
+
+
+def test_a_scrub_waits_for_another_connections_checkpoint(
+    tmp_path: Path, conn: apsw.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite never waits for the lock another checkpoint holds (a copier's, another
+    process's): a scrub, which must leave the -wal empty after a removal, tries again
+    until it can, rather than report the -wal not truncated."""
+    vfs = _PausingVFS()
+    other = apsw.Connection(str(tmp_path / "db"), vfs=_PAUSING)
+    other.execute("PRAGMA schema_version").fetchall()  # so it knows the -wal
+    conn.execute("PRAGMA wal_autocheckpoint = 0").fetchall()
+    _commit_pages(conn, 2 * MARK)
+    tried = threading.Event()
+    real = sqlitefile._busy_handler
+
+    def noting() -> Callable[[int], bool]:
+        retry = real()
+
+        def noted(prior: int) -> bool:
+            tried.set()
+            return retry(prior)
+
+        return noted
+
+    monkeypatch.setattr(sqlitefile, "_busy_handler", noting)
+    _PausingFile.pause.set()
+    checkpoint = threading.Thread(target=lambda: other.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE))
+    checkpoint.start()
+    try:
+        assert _PausingFile.inside.wait(30)  # the other checkpoint holds its lock
+        scrubbed: list[bool] = []
+        scrubbing = threading.Thread(target=lambda: scrubbed.append(sqlitefile.scrub(conn)))
+        scrubbing.start()
+        assert tried.wait(30)  # the scrub found the lock held, and waits
+        _PausingFile.go_on.set()
+        scrubbing.join()
+        assert scrubbed == [True]
+        assert (tmp_path / "db-wal").stat().st_size == 0
+    finally:
+        _PausingFile.pause.clear()
+        _PausingFile.go_on.set()
+        checkpoint.join()
+        other.close()
+        vfs.unregister()

@@ -493,16 +493,20 @@ class Memory:
 
     def _close_abandoned(self) -> None:
         """Close, in the turn a thread that has ended kept (with a write group it began):
-        whatever its rollback does, the files are closed, since nothing else could
-        use the handle again."""
+        whatever its rollback or the signing does, the files are closed, since nothing
+        else could use the handle again."""
         group = self._shared.group
         try:
             if group is not None:
                 group.roll_back_abandoned()
+            if self._shared.unsigned and self._current_signer() is not None:
+                self._checkpoint()  # as _close() signs what this handle wrote before
         finally:
             self._shared.closed = True
-            self.keys.close()
-            self.backend.close()
+            try:
+                self.keys.close()
+            finally:
+                self.backend.close()
 
     def _close(self) -> None:
         if self._shared.group is not None:
@@ -621,9 +625,9 @@ class Memory:
             taken = self._shared.turn.acquire(timeout=BUSY_TIMEOUT_MS / 1000)
         except AbandonedTurn:
             raise _TurnAbandoned(
-                "a write group begun by a thread that has ended without ending it holds this store"
-                " handle: nothing was done; close the handle (which rolls that group back) and open"
-                " the store again"
+                "a thread that has ended without ending it holds this store handle's turn (a write"
+                " group or a read snapshot it began): nothing was done; close the handle (which"
+                " rolls such a group back) and open the store again"
             ) from None
         if not taken:
             raise StoreBusyError(

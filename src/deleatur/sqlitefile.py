@@ -242,11 +242,16 @@ class WalCopier:
         self._due = threading.Event()
         self._closing = False
         # Opened here, not in the thread: a file that cannot be opened is the caller's error.
-        self._own = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
-        # A connection finds the -wal as it first reads; until then it checkpoints nothing.
-        self._own.execute("PRAGMA schema_version").fetchall()
-        self._thread = threading.Thread(target=self._copy, name=f"deleatur -wal copier ({path.name})", daemon=True)
-        self._thread.start()
+        # The file the connection has open, whatever the working directory is now.
+        self._own = apsw.Connection(conn.filename, flags=apsw.SQLITE_OPEN_READWRITE)
+        try:
+            # A connection finds the -wal as it first reads; until then it checkpoints nothing.
+            self._own.execute("PRAGMA schema_version").fetchall()
+            self._thread = threading.Thread(target=self._copy, name=f"deleatur -wal copier ({path.name})", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self._own.close()
+            raise
         self._conn = conn
         conn.set_wal_hook(self._committed)  # in place of the automatic checkpoint
 
@@ -264,14 +269,16 @@ class WalCopier:
                     return
                 # Busy (another process's checkpoint, a reader) or failed (a full disk):
                 # the -wal stays as it is, and the next commit past the mark asks again.
-                with contextlib.suppress(apsw.Error):
+                # Nothing ends the thread but close(): the commits no longer copy.
+                with contextlib.suppress(Exception):
                     # The long copy first, taking no lock; then, holding the write lock
                     # for the frames committed meanwhile, the one that has the next writer
                     # begin the -wal again (it cannot while a reader is in it: no wait,
                     # since this connection has no busy handler).
                     self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
                     self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
-                self._copied()
+                with contextlib.suppress(Exception):
+                    self._copied()
         finally:
             self._own.close()
 
@@ -421,21 +428,27 @@ def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     being truncated (SQLite waits for it up to the busy timeout, or not at all
     without ``wait``, or during a long read: see :func:`scrubs_unwaited_during`):
     then this returns False, and the caller must say so rather than claim the -wal
-    is clean.
+    is clean. So does another connection's checkpoint (a :class:`WalCopier`'s, another
+    process's), which SQLite never waits for: this tries again, as long.
     """
     long_read = _LONG_READ.get()
     if long_read is not None and long_read():
         wait = False
     if not wait:
         conn.set_busy_handler(None)
+    retry, tries = _busy_handler(), 0
     try:
-        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+        while True:
+            busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0]
+            # -1 frames: it could not begin, another checkpoint holding the lock it needs.
+            if busy == 0 or frames != -1 or not wait or not retry(tries):
+                return bool(busy == 0)
+            tries += 1
     except apsw.BusyError:
         return False
     finally:
         if not wait:
             conn.set_busy_handler(_busy_handler())
-    return busy == 0
 
 
 def sidecar_files(path: Path) -> list[Path]:

@@ -672,7 +672,11 @@ def create_app(
 
     def opened() -> Memory:
         memory = open_memory()
-        memory.upkeep_in_background()
+        try:
+            memory.upkeep_in_background()
+        except BaseException:
+            memory.close()
+            raise
         if sign_every_write:
             memory.checkpoint_interval_us = 0
         return memory

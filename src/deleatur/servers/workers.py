@@ -116,11 +116,16 @@ def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) ->
         config = uvicorn.Config(
             build(), log_level=log_level, lifespan="on", loop="auto", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
         )
+        config.load()  # the app's middleware and uvicorn's own objects, made now
         # The ~80,000 objects the imports and the app made live as long as the server:
         # out of the collector's reach, each full collection no longer walks them, which
-        # stopped every request in flight for 20-35 ms (the slowest 1 % of requests).
+        # stopped every request in flight for 20-35 ms (BENCHMARKS.md). Garbage first.
+        gc.collect()
         gc.freeze()
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            gc.unfreeze()  # in the command's own process, which may go on
     except (KeyboardInterrupt, _Stopped):
         return 0  # a stop signal: uvicorn re-raises the one it stopped on
     except BaseException:
