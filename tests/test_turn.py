@@ -3,6 +3,7 @@ a thread that has ended."""
 
 from __future__ import annotations
 
+import _thread
 import threading
 
 import pytest
@@ -62,15 +63,26 @@ def test_a_turn_kept_by_a_thread_that_ended_is_said_and_can_be_taken_over() -> N
     assert outcome[-1] is True
 
 
-def test_the_main_thread_is_never_taken_for_ended(monkeypatch: pytest.MonkeyPatch) -> None:
-    """While the interpreter runs its exit handlers the main thread reads as stopped,
-    and may still hold the turn legitimately."""
+def test_a_thread_threading_did_not_start_is_known_to_have_ended_too() -> None:
+    """Such a thread reads as alive for good to ``threading``, and a later one given its
+    id gets the same ``Thread`` object: it must not share the turn an ended one kept."""
     turn = Turn()
-    stopped = threading.Thread(target=lambda: None)
-    stopped.start()
-    stopped.join()
-    monkeypatch.setattr(threading, "main_thread", lambda: stopped)
-    turn._owner, turn._depth = stopped, 1
-    assert turn._lock.acquire(blocking=False)
-    assert not turn.take_over()
-    assert turn.acquire(timeout=0.01) is False  # waited, not told it was abandoned
+    outcome: list[object] = []
+    done = [threading.Event(), threading.Event()]
+
+    def first() -> None:
+        outcome.append(turn.acquire(timeout=1))  # and ends, holding it
+        done[0].set()
+
+    def second() -> None:
+        try:
+            outcome.append(turn.acquire(timeout=30))
+        except AbandonedTurn as exc:
+            outcome.append(exc)
+        done[1].set()
+
+    _thread.start_new_thread(first, ())
+    assert done[0].wait(30)
+    _thread.start_new_thread(second, ())
+    assert done[1].wait(60)
+    assert outcome[0] is True and isinstance(outcome[1], AbandonedTurn)

@@ -1,16 +1,20 @@
 """A store handle's turn: one thread at a time uses its connection (see ``Memory``).
 
-It is re-entrant, as an ``RLock``, but owned by the ``Thread`` object rather than by
-the thread's id, which a thread started later may be given again. So a turn kept by a
-thread that has ended (a write group it began and never ended) is known as such: a
-call from another thread is told at once rather than after the busy timeout, and
-closing the handle takes the turn over and ends the group. An ``RLock`` cannot do
-either: a new thread with the dead one's id would hold it, and no other may release it.
+It is re-entrant, as an ``RLock``, but owned by a token each thread keeps in its
+thread-local storage, rather than by the thread's id, which a thread started later may
+be given again. Python drops a thread's locals as the thread ends (a thread that
+``threading`` did not start too; the main thread's last, after the exit handlers), so
+a turn kept by a thread that has ended (a write group it began and never ended) is
+known as such: a call from another thread is told at once rather than after the busy
+timeout, and closing the handle takes the turn over and ends the group. An ``RLock``
+could do neither: a new thread with the dead one's id would hold it, and no other may
+release it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 
 #: How often a thread waiting for the turn looks whether its holder has ended.
 _LOOK_EVERY_S = 0.25
@@ -20,55 +24,71 @@ class AbandonedTurn(Exception):
     """The turn is kept by a thread that has ended (internal: the handle says what)."""
 
 
-def _ended(thread: threading.Thread) -> bool:
-    # The main thread reads as stopped while the interpreter runs its exit handlers,
-    # which may still use the handle: it is never taken for ended. A thread that
-    # threading did not start (a dummy) always reads as alive.
-    return thread is not threading.main_thread() and not thread.is_alive()
+class _Token:
+    """Lives exactly as long as its thread's locals."""
+
+
+_local = threading.local()
+
+
+def _mine() -> _Token:
+    try:
+        token: _Token = _local.token
+    except AttributeError:
+        token = _local.token = _Token()
+    return token
 
 
 class Turn:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owner: threading.Thread | None = None
+        self._owner: weakref.ref[_Token] | None = None
         self._depth = 0
         self._taking_over = threading.Lock()
+
+    def _held_by(self, token: _Token) -> bool:
+        owner = self._owner
+        return owner is not None and owner() is token
+
+    def _abandoned(self) -> bool:
+        owner = self._owner
+        return owner is not None and owner() is None
 
     def acquire(self, timeout: float) -> bool:
         """True once the calling thread holds the turn (again); False if another thread
         kept it for ``timeout`` seconds. Raises :class:`AbandonedTurn` if that thread has
         ended without giving it back."""
-        me = threading.current_thread()
-        if self._owner is me:
+        me = _mine()
+        if self._held_by(me):
             self._depth += 1
             return True
         if not self._lock.acquire(blocking=False):
-            deadline = timeout
+            left = timeout
             while True:
-                owner = self._owner
-                if owner is not None and _ended(owner):
+                if self._abandoned():
                     raise AbandonedTurn
-                wait = min(deadline, _LOOK_EVERY_S)
+                wait = min(left, _LOOK_EVERY_S)
                 if self._lock.acquire(timeout=wait):
                     break
-                deadline -= wait
-                if deadline <= 0:
+                left -= wait
+                if left <= 0:
                     return False
-        self._owner, self._depth = me, 1
+        self._owner, self._depth = weakref.ref(me), 1
         return True
 
     def try_acquire(self) -> bool:
         """Take the turn if no other thread holds it; never wait."""
-        if self._owner is threading.current_thread():
+        me = _mine()
+        if self._held_by(me):
             self._depth += 1
             return True
         if not self._lock.acquire(blocking=False):
             return False
-        self._owner, self._depth = threading.current_thread(), 1
+        self._owner, self._depth = weakref.ref(me), 1
         return True
 
     def release(self) -> None:
-        if self._owner is not threading.current_thread():
+        if not self._held_by(_mine()):
             raise RuntimeError("this thread does not hold the store handle's turn")
         self._depth -= 1
         if not self._depth:
@@ -80,8 +100,7 @@ class Turn:
         (once: release it once) and True; else False, changing nothing. Of two threads
         taking over at once, one does."""
         with self._taking_over:
-            owner = self._owner
-            if owner is None or not _ended(owner):
+            if not self._abandoned():
                 return False
-            self._owner, self._depth = threading.current_thread(), 1
+            self._owner, self._depth = weakref.ref(_mine()), 1
             return True
