@@ -115,15 +115,16 @@ def test_a_handle_runs_one_copier_until_it_closes(memory: Memory) -> None:
 
 
 class _PausingFile(apsw.VFSFile):
-    """A file whose syncs wait while ``pause`` is set: a checkpoint syncs the database
-    after its copy, holding the checkpoint lock."""
+    """A file whose syncs wait while ``pause`` is set (in the threads ``pausing`` says):
+    a checkpoint syncs as it copies, holding the checkpoint lock."""
 
     pause = threading.Event()
     inside = threading.Event()
     go_on = threading.Event()
+    pausing: Callable[[], bool] = staticmethod(lambda: True)
 
     def xSync(self, flags: int) -> None:
-        if self.pause.is_set():
+        if self.pause.is_set() and self.pausing():
             self.inside.set()
             assert self.go_on.wait(30)
         super().xSync(flags)
@@ -146,6 +147,8 @@ def test_a_scrub_waits_for_another_connections_checkpoint(
     """SQLite never waits for the lock another checkpoint holds (a copier's, another
     process's): a scrub, which must leave the -wal empty after a removal, tries again
     until it can, rather than report the -wal not truncated."""
+    for event in ("pause", "inside", "go_on"):
+        monkeypatch.setattr(_PausingFile, event, threading.Event())
     vfs = _PausingVFS()
     other = apsw.Connection(str(tmp_path / "db"), vfs=_PAUSING)
     other.execute("PRAGMA schema_version").fetchall()  # so it knows the -wal
@@ -182,4 +185,50 @@ def test_a_scrub_waits_for_another_connections_checkpoint(
         _PausingFile.go_on.set()
         checkpoint.join()
         other.close()
+        vfs.unregister()
+
+
+def test_writes_made_during_the_copy_do_not_keep_the_wal_from_beginning_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy takes a while, and a server commits meanwhile: those frames are copied too,
+    holding the write lock briefly, so that the next commit begins the -wal again. Copied
+    only up to where the copy began, the -wal would never begin again under continuous
+    writes, and would grow for good."""
+    monkeypatch.setattr(sqlitefile, "WAL_AUTOCHECKPOINT_PAGES", MARK)
+    in_the_copier = staticmethod(lambda: threading.current_thread().name.startswith("deleatur -wal"))
+    monkeypatch.setattr(_PausingFile, "pausing", in_the_copier)
+    for event in ("pause", "inside", "go_on"):
+        monkeypatch.setattr(_PausingFile, event, threading.Event())
+    vfs = _PausingVFS()
+    conn = apsw.Connection(str(tmp_path / "db"), vfs=_PAUSING)
+    conn.set_busy_timeout(30_000)
+    tried, go_on = threading.Event(), threading.Event()
+
+    def copied() -> None:
+        tried.set()
+        assert go_on.wait(30)  # no other copy runs until the check below is made
+
+    copier = None
+    try:
+        for pragma in ("PRAGMA journal_mode = WAL", "CREATE TABLE t(x BLOB)"):
+            conn.execute(pragma).fetchall()
+        _PausingFile.pause.set()
+        copier = WalCopier(tmp_path / "db", conn, copied=copied)
+        _commit_pages(conn, 2 * MARK)
+        assert _PausingFile.inside.wait(30)  # the thread is copying
+        _commit_pages(conn, 2 * MARK)  # committed during the copy
+        _PausingFile.pause.clear()
+        _PausingFile.go_on.set()
+        assert tried.wait(30)  # that copy has ended, and the thread waits
+        _commit_pages(conn, 1)
+        frames, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+        assert frames < MARK  # that commit began the -wal again
+    finally:
+        _PausingFile.pause.clear()
+        _PausingFile.go_on.set()
+        go_on.set()
+        if copier is not None:
+            copier.close()
+        conn.close()
         vfs.unregister()

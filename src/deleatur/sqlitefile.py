@@ -242,8 +242,9 @@ class WalCopier:
         self._due = threading.Event()
         self._closing = False
         # Opened here, not in the thread: a file that cannot be opened is the caller's error.
-        # The file the connection has open, whatever the working directory is now.
-        self._own = apsw.Connection(conn.filename, flags=apsw.SQLITE_OPEN_READWRITE)
+        # The file the connection has open, whatever the working directory is now, and
+        # through the same VFS.
+        self._own = apsw.Connection(conn.filename, flags=apsw.SQLITE_OPEN_READWRITE, vfs=conn.open_vfs)
         try:
             # A connection finds the -wal as it first reads; until then it checkpoints nothing.
             self._own.execute("PRAGMA schema_version").fetchall()
