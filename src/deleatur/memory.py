@@ -224,8 +224,12 @@ def _pinned(keys: object) -> builtins.list[Verifier] | None:
     return None if keys is None else check_items(keys, Verifier, "pinned_keys")
 
 
+# Made once: json.dumps makes an encoder for every call given options (every write).
+_PAYLOAD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
 def _dumps(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _PAYLOAD_JSON(value).encode("utf-8")
 
 
 class _TurnAbandoned(StoreError):

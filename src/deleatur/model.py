@@ -229,6 +229,8 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError("metadata must be a JSON object")
+    if not metadata:
+        return {}  # what the round trip below makes of it (most writes carry none)
     try:
         # Round-trip through strict JSON so what is stored is exactly what export returns.
         encoded = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)

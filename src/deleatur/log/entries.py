@@ -21,6 +21,9 @@ from ..crypto.keystore import _frame
 from ..errors import DeleaturError
 
 ENTRY_VERSION = 1
+# An entry's canonical JSON, made once: json.dumps makes an encoder for every call given
+# options (every call of the library appends an entry).
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
 class EntryError(DeleaturError):
@@ -88,7 +91,7 @@ class Entry:
 
     def encode(self) -> bytes:
         body = {"v": ENTRY_VERSION, "type": self.type.value, "time": self.time, **self.fields}
-        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+        return _canonical(body).encode("ascii")
 
     @staticmethod
     def canonical_type(raw: bytes) -> str:
@@ -101,7 +104,7 @@ class Entry:
             raise EntryError("log entry is not canonical JSON") from None
         if not isinstance(body, dict) or body.get("v") != ENTRY_VERSION or body.get("type") not in _TYPES:
             raise EntryError("log entry has an unknown format version or type")
-        if json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii") != raw:
+        if _canonical(body).encode("ascii") != raw:
             raise EntryError("log entry is not in canonical form")
         return str(body["type"])
 
