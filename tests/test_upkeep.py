@@ -11,7 +11,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import AccessDeniedError, Memory, Role, sqlitefile
+from deleatur import AccessDeniedError, Memory, Role, StoreError, sqlitefile
 from deleatur.sqlitefile import WalCopier, connect
 
 MARK = 32  # pages: the -wal is copied once a commit leaves it this long
@@ -112,6 +112,8 @@ def test_a_handle_runs_one_copier_until_it_closes(memory: Memory) -> None:
         memory.as_principal(principal).upkeep_in_background()
     memory.close()
     assert len(_copiers()) == before
+    with pytest.raises(StoreError, match="closed"):
+        memory.upkeep_in_background()
 
 
 class _PausingFile(apsw.VFSFile):

@@ -471,6 +471,7 @@ class Memory:
         if not self._owner:
             raise self._deny("only the handle that opened the store runs its upkeep", "operator")
         with self._turn():
+            self._refresh()  # a closed handle is refused as every call refuses it
             self.backend.upkeep_in_background()
 
     def close(self) -> None:
