@@ -487,43 +487,43 @@ class Memory:
                 with self._turn():
                     if not self._shared.closed:
                         self._close()
-                        self._shared.closed = True
                 return
             except _TurnAbandoned:
                 continue  # its holder ended while this waited: take the turn over
         try:
-            self._close_abandoned()
+            self._close(abandoned=True)
         finally:
             turn.release()
 
-    def _close_abandoned(self) -> None:
-        """Close, in the turn a thread that has ended kept (with a write group it began):
-        whatever its rollback or the signing does, the files are closed, since nothing
-        else could use the handle again."""
+    def _close(self, *, abandoned: bool = False) -> None:
+        """Roll back an open write group (its calls were never answered), sign what this
+        handle wrote, and close the files. A failure leaves the handle open, to close
+        again; but in the turn a thread that has ended kept (``abandoned``, with a group
+        it began) the files are closed whatever fails, since nothing else could use the
+        handle again."""
         group = self._shared.group
+        finished = False
         try:
             if group is not None:
-                group.roll_back_abandoned()
+                if abandoned:
+                    group.roll_back_abandoned()
+                else:
+                    group.rollback()
             if self._shared.unsigned and self._current_signer() is not None:
-                self._checkpoint()  # as _close() signs what this handle wrote before
+                # No entry this handle wrote is left without a signed checkpoint (which
+                # covers the log to its end). A handle that wrote nothing signs nothing: a
+                # tail another connection left stays for verification to find, and a
+                # verification (which writes nothing) leaves the store as it found it, its
+                # verdict repeatable.
+                self._checkpoint()
+            finished = True
         finally:
-            self._shared.closed = True
-            try:
-                self.keys.close()
-            finally:
-                self.backend.close()
-
-    def _close(self) -> None:
-        if self._shared.group is not None:
-            self._shared.group.rollback()  # its calls were never answered
-        if self._shared.unsigned and self._current_signer() is not None:
-            # No entry this handle wrote is left without a signed checkpoint (which covers
-            # the log to its end). A handle that wrote nothing signs nothing: a tail another
-            # connection left stays for verification to find, and a verification (which
-            # writes nothing) leaves the store as it found it, its verdict repeatable.
-            self._checkpoint()
-        self.keys.close()
-        self.backend.close()
+            if finished or abandoned:
+                self._shared.closed = True
+                try:
+                    self.keys.close()
+                finally:
+                    self.backend.close()
 
     # -- principals, authorization and the audit of calls --------------------------
 

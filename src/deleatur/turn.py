@@ -58,23 +58,19 @@ class Turn:
         """True once the calling thread holds the turn (again); False if another thread
         kept it for ``timeout`` seconds. Raises :class:`AbandonedTurn` if that thread has
         ended without giving it back."""
-        me = _mine()
-        if self._held_by(me):
-            self._depth += 1
+        if self.try_acquire():
             return True
-        if not self._lock.acquire(blocking=False):
-            left = timeout
-            while True:
-                if self._abandoned():
-                    raise AbandonedTurn
-                wait = min(left, _LOOK_EVERY_S)
-                if self._lock.acquire(timeout=wait):
-                    break
-                left -= wait
-                if left <= 0:
-                    return False
-        self._owner, self._depth = weakref.ref(me), 1
-        return True
+        left = timeout
+        while True:
+            if self._abandoned():
+                raise AbandonedTurn
+            wait = min(left, _LOOK_EVERY_S)
+            if self._lock.acquire(timeout=wait):
+                self._owner, self._depth = weakref.ref(_mine()), 1
+                return True
+            left -= wait
+            if left <= 0:
+                return False
 
     def try_acquire(self) -> bool:
         """Take the turn if no other thread holds it; never wait."""
