@@ -819,3 +819,15 @@ def test_a_scoped_verifier_is_refused_alike_a_certificate_beyond_its_scopes_and_
             view.certificate(request_id)
         refusals.append((refused.value.missing, refused.value.message.split(" may not ")[1]))
     assert len(set(refusals)) == 1, refusals
+
+
+def test_only_unscoped_principals_are_kept_made_between_authentications(memory: Memory) -> None:
+    """Authentication makes an unscoped principal once per row; a scoped one each time,
+    since its scopes are user ids, which an account erasure replaces in the store and a
+    cache in memory would keep."""
+    _, unscoped_key = memory.create_principal("ops", Role.MEMBER)
+    _, scoped_key = memory.create_principal("u7 bot", Role.VIEWER, scopes=["u7-person"])
+    assert memory.authenticate(unscoped_key) is memory.authenticate(unscoped_key)
+    scoped = memory.authenticate(scoped_key)
+    again = memory.authenticate(scoped_key)
+    assert scoped == again and scoped is not again

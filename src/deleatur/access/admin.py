@@ -26,24 +26,24 @@ if TYPE_CHECKING:
 
 
 def _principal(row: Mapping[str, Any]) -> Principal:
-    return _made_principal(
-        (
-            str(row["id"]),
-            str(row["tenant"]),
-            str(row["name"]),
-            str(row["role"]),
-            row["scopes"],
-            int(row["created_at"]),
-            row["revoked_at"],
-        )
+    fields = (
+        str(row["id"]),
+        str(row["tenant"]),
+        str(row["name"]),
+        str(row["role"]),
+        row["scopes"],
+        int(row["created_at"]),
+        row["revoked_at"],
     )
+    # Not a scoped one: its scopes are user ids, which an account erasure replaces in the
+    # store, and a cache would keep.
+    return _made_principal(fields) if fields[4] is None else _make_principal(fields)
 
 
-# A server authenticates every request, and making the principal (its fields checked)
-# was a third of that: a principal is immutable, so the one made from the same row
-# serves again.
-@functools.lru_cache(maxsize=1024)
-def _made_principal(fields: tuple[str, str, str, str, str | None, int, int | None]) -> Principal:
+_Fields = tuple[str, str, str, str, str | None, int, int | None]
+
+
+def _make_principal(fields: _Fields) -> Principal:
     principal_id, tenant, name, role, scopes, created_at, revoked_at = fields
     return Principal(
         principal_id,
@@ -54,6 +54,12 @@ def _made_principal(fields: tuple[str, str, str, str, str | None, int, int | Non
         created_at=created_at,
         revoked_at=revoked_at,
     )
+
+
+# A server authenticates every request, and making the principal (its fields checked)
+# was a third of that: a principal is immutable, so the one made from the same row
+# serves again.
+_made_principal = functools.lru_cache(maxsize=1024)(_make_principal)
 
 
 def authenticate(memory: Memory, api_key: str) -> Principal:
