@@ -19,6 +19,7 @@ from deleatur import Memory, NewMemory, Role, Space, from_bytes
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.note import Verifier
 from deleatur.servers.calls import record_bytes
+from deleatur.servers.workers import server_config
 
 from .conftest import MASTER
 
@@ -58,8 +59,9 @@ def reads_of_records(open_memory: Callable[[], Memory]) -> list[tuple[str, str, 
 
 
 @contextmanager
-def serving(app: ASGIApp) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 for the ``with`` block; yields its base URL."""
+def serving(app: ASGIApp, **options: Any) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 for the ``with`` block, configured as the servers are
+    but for ``options`` (uvicorn's); yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -68,7 +70,7 @@ def serving(app: ASGIApp) -> Iterator[str]:
     # Idle connections kept past any test's length: a client that takes one the server
     # is closing as idle (uvicorn's default is 5 s, which a loaded machine can leave a
     # pooled connection unused for) fails its request with a ReadError, HTTP's own race.
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300)
+    config = server_config(app, log_level="warning", timeout_keep_alive=300, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

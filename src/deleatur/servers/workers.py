@@ -32,12 +32,13 @@ import sys
 import traceback
 from collections.abc import Callable
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from ..errors import InvalidInputError
+from .combined_writes import CombinedWritesProtocol
 
 #: The listening socket's backlog: connections wait there until a worker takes them.
 BACKLOG = 2048
@@ -100,6 +101,20 @@ def _listening(sock: socket.socket) -> socket.socket:
     return own
 
 
+def server_config(app: ASGIApp, *, log_level: str, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration of a server of ``app``; ``options`` (uvicorn's) add to it
+    or replace its own."""
+    # "auto": uvloop (a dependency). No WebSocket: no route takes one.
+    own: dict[str, Any] = {
+        "http": CombinedWritesProtocol,
+        "ws": "none",
+        "loop": "auto",
+        "lifespan": "on",
+        "log_level": log_level,
+    }
+    return uvicorn.Config(app, **(own | options))
+
+
 class _Stopped(BaseException):
     """A SIGTERM in a server that runs in the command's own process: like Ctrl-C's
     KeyboardInterrupt, it ends whatever is running, be it the app's build or the
@@ -112,10 +127,7 @@ def _stopped(_signum: int, _frame: FrameType | None) -> NoReturn:
 
 def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) -> int:
     try:
-        # "auto": uvloop and httptools, both dependencies.
-        config = uvicorn.Config(
-            build(), log_level=log_level, lifespan="on", loop="auto", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
-        )
+        config = server_config(build(), log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         config.load()  # the app's middleware and uvicorn's own objects, made now
         # The ~80,000 objects the imports and the app made live as long as the server:
         # out of the collector's reach, each full collection no longer walks them, which
