@@ -79,6 +79,8 @@ _VISIBLE = (
 _K1 = 1.2
 _B = 0.75
 _BM25 = "deleatur_bm25"
+#: SQLite's largest rowid.
+_MOST_ROWID = (1 << 63) - 1
 #: The meta key of a removal committed but not yet scrubbed from the -wal.
 _SCRUB_PENDING = "scrub_pending"
 #: Spends confirmation tokens. The digest and the terms go too: keyed hashes over the
@@ -414,12 +416,16 @@ class SQLiteBackend:
                 floors[term] = floor
             elif count:
                 counts[term] = count
-        (newest,) = self._conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchall()[0]
-        assert isinstance(newest, int)
+        if not counts and not floors:
+            return [], False
+        # The newest rowid bounds the capped terms' ranges (and estimates their counts);
+        # with none, the one range is every rowid, and the statement is not needed.
+        newest = _MOST_ROWID
+        if floors:
+            (newest,) = self._conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchall()[0]
+            assert isinstance(newest, int)
         for term, floor in floors.items():
             counts[term] = per_term * newest // max(newest - floor, 1)
-        if not counts:
-            return [], False
         if all(count > common for count in counts.values()):
             return self._newest(tenant, space, " OR ".join(map(_phrase, counts)), now=now, limit=limit), False
         # A capped term is ranked as if its postings were only its newest matches: it
