@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import apsw
@@ -13,6 +14,7 @@ import pytest
 
 from deleatur import AccessDeniedError, Memory, Role, StoreError, sqlitefile
 from deleatur.sqlitefile import WalCopier, connect
+from deleatur.store import sqlite as sqlite_store
 
 MARK = 32  # pages: the -wal is copied once a commit leaves it this long
 PAGE = 4096
@@ -234,3 +236,64 @@ def test_writes_made_during_the_copy_do_not_keep_the_wal_from_beginning_again(
             copier.close()
         conn.close()
         vfs.unregister()
+
+
+def test_the_thread_makes_its_tidy_every_so_many_commits(
+    tmp_path: Path, conn: apsw.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upkeep given to the copier runs in its thread, on its connection with secure_delete
+    on (what it frees is zeroed), once per TIDY_EVERY_COMMITS commits, and never copies
+    the -wal unless a commit left it past the mark."""
+    monkeypatch.setattr(sqlitefile, "TIDY_EVERY_COMMITS", 3)
+    tidied: list[tuple[str, int]] = []
+    tried = threading.Event()
+
+    def tidy(own: apsw.Connection) -> None:
+        (secure,) = own.execute("PRAGMA secure_delete").fetchall()[0]
+        assert isinstance(secure, int)
+        tidied.append((threading.current_thread().name, secure))
+
+    copier = WalCopier(tmp_path / "db", conn, tidy=tidy, copied=tried.set)
+    try:
+        for _ in range(2):
+            _commit_pages(conn, 1)
+        assert not tried.is_set() and tidied == []
+        _commit_pages(conn, 1)
+        assert tried.wait(30)
+        assert tidied == [(copier._thread.name, 1)]
+        assert _wal_pages(tmp_path) >= 3  # not copied: nothing passed the mark
+    finally:
+        copier.close()
+
+
+def _index_segments(store_path: Path) -> int:
+    """The segments of the store's full-text index (each has rows in FTS5's ft_idx)."""
+    raw = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        (count,) = raw.execute("SELECT count(DISTINCT segid) FROM ft_idx").fetchall()[0]
+    finally:
+        raw.close()
+    assert isinstance(count, int)
+    return count
+
+
+@pytest.mark.parametrize("upkeep", [True, False])
+def test_upkeep_merges_the_segments_small_writes_leave(
+    memory: Memory, store_path: Path, upkeep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write transaction adds a segment to the full-text index, which FTS5 merges
+    only as enough pages have been written: a recall reads every segment. With upkeep,
+    they are merged every so many commits (without, the control, they stay)."""
+    monkeypatch.setattr(sqlitefile, "TIDY_EVERY_COMMITS", 10)
+    tried = threading.Event()
+    monkeypatch.setattr(sqlite_store, "WalCopier", partial(WalCopier, copied=tried.set))
+    if upkeep:
+        memory.upkeep_in_background()
+    for i in range(10):
+        memory.remember(f"note {i} of a small write", subject="Ada")
+    if upkeep:
+        assert tried.wait(30)
+        assert _index_segments(store_path) == 1
+    else:
+        assert _index_segments(store_path) == 10
+    assert [h.record.text for h in memory.recall("small write", limit=20)] != []

@@ -37,6 +37,8 @@ BUSY_TIMEOUT_MS = 30_000
 # means fewer copies and syncs per write: +12-25 % single writes/s (BENCHMARKS.md, Store).
 # The -wal grows to ~40 MB between checkpoints; every removal still truncates it.
 WAL_AUTOCHECKPOINT_PAGES = 10_000
+#: A :class:`WalCopier` given upkeep of its own makes it after this many commits.
+TIDY_EVERY_COMMITS = 64
 # Waits between tries for a lock another connection holds. SQLite's own busy timeout
 # sleeps 1 ms at first and up to 100 ms, where our write transactions (a call's audit
 # entry, a write) hold the lock for well under a millisecond: with several server
@@ -235,11 +237,26 @@ class WalCopier:
     on a 2-core VM), and so did a server's event loop and every request it held: they
     were its slowest 1 % (BENCHMARKS.md). The thread copies what no reader still needs,
     as SQLite's automatic checkpoint does, and waits for no lock: what it could not do
-    now, it tries again after the next commit. Until :meth:`close`."""
+    now, it tries again after the next commit. Until :meth:`close`.
 
-    def __init__(self, path: Path, conn: apsw.Connection, *, copied: Callable[[], None] = lambda: None) -> None:
+    ``tidy``, if given, is upkeep of the caller's own that the thread makes on its
+    connection (with ``secure_delete`` on) every :data:`TIDY_EVERY_COMMITS` commits of
+    ``conn``: a short write, which fails rather than wait for a lock held elsewhere (the
+    connection has no busy handler) and is then tried again after as many commits."""
+
+    def __init__(
+        self,
+        path: Path,
+        conn: apsw.Connection,
+        *,
+        tidy: Callable[[apsw.Connection], None] | None = None,
+        copied: Callable[[], None] = lambda: None,
+    ) -> None:
         self._copied = copied  # called in the thread after each try (tests wait for it)
+        self._tidy = tidy
         self._due = threading.Event()
+        self._copy_due = self._tidy_due = False
+        self._commits = 0
         self._closing = False
         # Opened here, not in the thread: a file that cannot be opened is the caller's error.
         # The file the connection has open, whatever the working directory is now, and
@@ -248,6 +265,7 @@ class WalCopier:
         try:
             # A connection finds the -wal as it first reads; until then it checkpoints nothing.
             self._own.execute("PRAGMA schema_version").fetchall()
+            _pragma(self._own, "secure_delete", "ON", 1)  # what tidy frees is zeroed, as by every write
             self._thread = threading.Thread(target=self._copy, name=f"deleatur -wal copier ({path.name})", daemon=True)
             self._thread.start()
         except BaseException:
@@ -257,7 +275,13 @@ class WalCopier:
         conn.set_wal_hook(self._committed)  # in place of the automatic checkpoint
 
     def _committed(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
+        self._commits += 1
+        if self._tidy is not None and self._commits >= TIDY_EVERY_COMMITS:
+            self._commits = 0
+            self._tidy_due = True
+            self._due.set()
         if pages >= WAL_AUTOCHECKPOINT_PAGES:
+            self._copy_due = True
             self._due.set()
         return apsw.SQLITE_OK
 
@@ -268,16 +292,22 @@ class WalCopier:
                 self._due.clear()
                 if self._closing:
                     return
-                # Busy (another process's checkpoint, a reader) or failed (a full disk):
-                # the -wal stays as it is, and the next commit past the mark asks again.
+                copy, self._copy_due = self._copy_due, False
+                tidy, self._tidy_due = self._tidy_due, False
+                # Busy (another process's checkpoint, a reader, a writer) or failed (a
+                # full disk): the files stay as they are, and a later commit asks again.
                 # Nothing ends the thread but close(): the commits no longer copy.
-                with contextlib.suppress(Exception):
-                    # The long copy first, taking no lock; then, holding the write lock
-                    # for the frames committed meanwhile, the one that has the next writer
-                    # begin the -wal again (it cannot while a reader is in it: no wait,
-                    # since this connection has no busy handler).
-                    self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                    self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+                if copy:
+                    with contextlib.suppress(Exception):
+                        # The long copy first, taking no lock; then, holding the write lock
+                        # for the frames committed meanwhile, the one that has the next writer
+                        # begin the -wal again (it cannot while a reader is in it: no wait,
+                        # since this connection has no busy handler).
+                        self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                        self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+                if tidy and self._tidy is not None:
+                    with contextlib.suppress(Exception):
+                        self._tidy(self._own)
                 with contextlib.suppress(Exception):
                     self._copied()
         finally:

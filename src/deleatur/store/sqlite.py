@@ -81,6 +81,10 @@ _B = 0.75
 _BM25 = "deleatur_bm25"
 #: SQLite's largest rowid.
 _MOST_ROWID = (1 << 63) - 1
+# The upkeep thread's merges of the full-text index (see _merge_index_segments): the
+# pages one may write, and how many segments a level needs for one to merge them.
+_MERGE_PAGES = 64
+_USERMERGE = 2
 #: The meta key of a removal committed but not yet scrubbed from the -wal.
 _SCRUB_PENDING = "scrub_pending"
 #: Spends confirmation tokens. The digest and the terms go too: keyed hashes over the
@@ -169,6 +173,24 @@ def _chunks(values: Iterable[V]) -> Iterator[list[V]]:
     wanted = list(dict.fromkeys(values))
     for start in range(0, len(wanted), 500):
         yield wanted[start : start + 500]
+
+
+def _merge_index_segments(conn: apsw.Connection) -> None:
+    """Merge some of the full-text index's segments (on the upkeep thread).
+
+    Each write transaction adds a segment to the index, and FTS5 merges them as writes go
+    on, but only in steps of 64 pages written: a server's small transactions leave up to
+    16 one-page segments waiting (and up to 3 per level above), so a term is looked up
+    in 12 segments on average, 18 at worst. A recall reads every one, about 2 µs each:
+    at 33k records, 150 µs for 18 segments, 113 µs for one (BENCHMARKS.md). Here, every
+    level holding two segments or more (``usermerge``) is merged, at most _MERGE_PAGES
+    pages at a time, so the write lock is held for a few milliseconds at most. (The
+    setting is the index's own, kept in the store; only such merges read it. Set here,
+    not as the store opens: opening writes nothing, and waits for no lock.)"""
+    with conn:
+        if conn.execute("SELECT v FROM ft_config WHERE k = 'usermerge'").fetchall() != [(_USERMERGE,)]:
+            conn.execute("INSERT INTO ft(ft, rank) VALUES('usermerge', ?)", (_USERMERGE,)).fetchall()
+        conn.execute("INSERT INTO ft(ft, rank) VALUES('merge', ?)", (_MERGE_PAGES,)).fetchall()
 
 
 def _space_args(tenant: str, space: Space) -> tuple[str, str, str, str]:
@@ -422,8 +444,9 @@ class SQLiteBackend:
         # with none, the one range is every rowid, and the statement is not needed.
         newest = _MOST_ROWID
         if floors:
-            (newest,) = self._conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchall()[0]
-            assert isinstance(newest, int)
+            (found,) = self._conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchall()[0]
+            assert isinstance(found, int)
+            newest = found
         for term, floor in floors.items():
             counts[term] = per_term * newest // max(newest - floor, 1)
         if all(count > common for count in counts.values()):
@@ -1023,7 +1046,7 @@ class SQLiteBackend:
 
     def upkeep_in_background(self) -> None:
         if self._wal_copier is None:
-            self._wal_copier = WalCopier(self.path, self._conn)
+            self._wal_copier = WalCopier(self.path, self._conn, tidy=_merge_index_segments)
 
     def close(self) -> None:
         if self._wal_copier is not None:
