@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,9 @@ from .serving import serving
 
 BODY = b'{"hits": []}'
 CHUNK = b"x" * 40_000
+LARGE = b"y" * (MOST_HELD + 1)
+#: Set by a client once it has ended its side of the connection (see /after-eof).
+CLIENT_ENDED = threading.Event()
 
 
 async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
@@ -36,9 +40,13 @@ async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
-    headers = [(b"content-length", str(len(BODY)).encode()), (b"content-type", b"application/json")]
+    body = LARGE if scope["path"] == "/large" else BODY
+    if scope["path"] == "/after-eof":
+        # Work done in the loop (as the store's calls are) while the client's end arrives.
+        assert CLIENT_ENDED.wait(30)
+    headers = [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": BODY})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _counted(protocol: type[HttpToolsProtocol], writes: list[bytes]) -> type[HttpToolsProtocol]:
@@ -119,3 +127,31 @@ def test_the_server_configuration_writes_each_answer_once() -> None:
     config.load()
     assert config.http_protocol_class is CombinedWritesProtocol
     assert config.ws_protocol_class is None
+
+
+def test_a_large_body_is_written_as_it_is() -> None:
+    """A body past MOST_HELD is not copied into one write with the head held before it:
+    the head goes first, then the body, in order."""
+    with _served(CombinedWritesProtocol) as (url, writes):
+        received = _exchange(url, CLOSING.replace(b"GET / ", b"GET /large "))
+    assert received.endswith(b"\r\n\r\n" + LARGE)
+    assert len(writes) == 2 and writes[1] == LARGE
+    assert b"".join(writes) == received
+
+
+def test_a_client_that_ends_its_side_first_gets_its_answer() -> None:
+    """On uvloop (the servers' loop), a transport closes once the client's end of the
+    connection arrives: an answer still held then would be lost. Here the client ends
+    its side while the answer is being made."""
+    CLIENT_ENDED.clear()
+    request = b"GET /after-eof HTTP/1.1\r\nHost: test\r\n\r\n"
+    with serving(_answer) as url:  # the servers' own configuration: uvloop
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+            CLIENT_ENDED.set()
+            received = b""
+            while chunk := sock.recv(1 << 16):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"\r\n\r\n" + BODY)

@@ -240,9 +240,9 @@ class WalCopier:
     now, it tries again after the next commit. Until :meth:`close`.
 
     ``tidy``, if given, is upkeep of the caller's own that the thread makes on its
-    connection (with ``secure_delete`` on) every :data:`TIDY_EVERY_COMMITS` commits of
+    connection (``secure_delete`` on) every :data:`TIDY_EVERY_COMMITS` commits of
     ``conn``: a short write, which fails rather than wait for a lock held elsewhere (the
-    connection has no busy handler) and is then tried again after as many commits."""
+    connection has no busy handler) and is then tried again after the next commit."""
 
     def __init__(
         self,
@@ -255,7 +255,7 @@ class WalCopier:
         self._copied = copied  # called in the thread after each try (tests wait for it)
         self._tidy = tidy
         self._due = threading.Event()
-        self._copy_due = self._tidy_due = False
+        self._copy_due = self._tidy_due = self._tidy_failed = False
         self._commits = 0
         self._closing = False
         # Opened here, not in the thread: a file that cannot be opened is the caller's error.
@@ -265,7 +265,12 @@ class WalCopier:
         try:
             # A connection finds the -wal as it first reads; until then it checkpoints nothing.
             self._own.execute("PRAGMA schema_version").fetchall()
-            _pragma(self._own, "secure_delete", "ON", 1)  # what tidy frees is zeroed, as by every write
+            # Its tidy writes as the store's own connections do: what it frees zeroed, a
+            # commit durable against a crash of the process (no sync of its own, held under
+            # the write lock), and no copy of the -wal but the thread's own.
+            _pragma(self._own, "secure_delete", "ON", 1)
+            _pragma(self._own, "synchronous", "NORMAL", 1)
+            self._own.wal_autocheckpoint(0)
             self._thread = threading.Thread(target=self._copy, name=f"deleatur -wal copier ({path.name})", daemon=True)
             self._thread.start()
         except BaseException:
@@ -276,8 +281,10 @@ class WalCopier:
 
     def _committed(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
         self._commits += 1
-        if self._tidy is not None and self._commits >= TIDY_EVERY_COMMITS:
+        # A tidy that failed (a lock held) is tried again after the next commit.
+        if self._tidy is not None and (self._commits >= TIDY_EVERY_COMMITS or self._tidy_failed):
             self._commits = 0
+            self._tidy_failed = False
             self._tidy_due = True
             self._due.set()
         if pages >= WAL_AUTOCHECKPOINT_PAGES:
@@ -305,9 +312,11 @@ class WalCopier:
                         # since this connection has no busy handler).
                         self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
                         self._own.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
-                if tidy and self._tidy is not None:
-                    with contextlib.suppress(Exception):
+                if tidy and self._tidy is not None and not self._closing:
+                    try:
                         self._tidy(self._own)
+                    except Exception:
+                        self._tidy_failed = True
                 with contextlib.suppress(Exception):
                     self._copied()
         finally:

@@ -35,25 +35,33 @@ class CombinedWrites(asyncio.Transport):
         self._size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._held:
-            self._loop.call_soon(self._write_held)
         chunk = bytes(data)
+        if len(chunk) >= MOST_HELD:
+            self.write_held()
+            self._write(chunk)  # after what was held, and not copied into one with it
+            return
+        if not self._held:
+            self._loop.call_soon(self.write_held)
         self._held.append(chunk)
         self._size += len(chunk)
         if self._size >= MOST_HELD:
-            self._write_held()
+            self.write_held()
 
-    def _write_held(self) -> None:
+    def write_held(self) -> None:
+        """Write what is held now."""
         if not self._held:
             return  # written already: past MOST_HELD, or before a close
         data = b"".join(self._held)
         self._held.clear()
         self._size = 0
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
         if not self._transport.is_closing():  # closed by the peer meanwhile: nowhere to go
             self._transport.write(data)
 
     def close(self) -> None:
-        self._write_held()
+        self.write_held()
         self._transport.close()
 
     def is_closing(self) -> bool:
@@ -68,4 +76,12 @@ class CombinedWritesProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # its flow control and addresses: the socket's own
-        self.transport = CombinedWrites(transport, self.loop)
+        self._combined = CombinedWrites(transport, self.loop)
+        self.transport = self._combined
+
+    def eof_received(self) -> None:
+        # A client that ends its side once it has sent its request: uvloop's transport
+        # closes as this returns, and takes no more writes, so what is held goes now
+        # (and the close lets it drain).
+        self._combined.write_held()
+        super().eof_received()

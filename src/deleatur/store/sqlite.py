@@ -183,11 +183,12 @@ def _merge_index_segments(conn: apsw.Connection) -> None:
     16 one-page segments waiting (and up to 3 per level above), so a term is looked up
     in 12 segments on average, 18 at worst. A recall reads every one, about 2 µs each:
     at 33k records, 150 µs for 18 segments, 113 µs for one (BENCHMARKS.md). Here, every
-    level holding two segments or more (``usermerge``) is merged, at most _MERGE_PAGES
-    pages at a time, so the write lock is held for a few milliseconds at most. (The
-    setting is the index's own, kept in the store; only such merges read it. Set here,
-    not as the store opens: opening writes nothing, and waits for no lock.)"""
-    with conn:
+    level holding two segments or more (``usermerge``) is merged, about _MERGE_PAGES
+    pages at a time (FTS5 writes a term's postings whole), so the write lock is held for
+    a few milliseconds. (The setting is the index's own, kept in the store; only such
+    merges read it. Set here, not as the store opens: opening writes nothing, and waits
+    for no lock.)"""
+    with immediate(conn):  # the lock taken first: a read could not become a write later
         if conn.execute("SELECT v FROM ft_config WHERE k = 'usermerge'").fetchall() != [(_USERMERGE,)]:
             conn.execute("INSERT INTO ft(ft, rank) VALUES('usermerge', ?)", (_USERMERGE,)).fetchall()
         conn.execute("INSERT INTO ft(ft, rank) VALUES('merge', ?)", (_MERGE_PAGES,)).fetchall()
