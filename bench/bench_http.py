@@ -18,6 +18,9 @@ Not a test. Run from the repository root::
 With ``--wrk`` the load comes from wrk, a C program that takes far less of the
 shared CPU than the asyncio clients; its latency percentiles are its own
 (``--latency``), and every response must be a 2xx.
+
+``*_server_cpu_us`` is the CPU time (user and system) the server's processes used per
+request: on a VM whose speed drifts from run to run, it moves less than the rates do.
 """
 
 from __future__ import annotations
@@ -217,6 +220,19 @@ def _ms(value: str) -> float:
     raise ValueError(f"wrk latency {value!r}")
 
 
+def server_cpu_s(server: subprocess.Popen[bytes]) -> float:
+    """CPU seconds (user and system) the server's processes have used so far: the server
+    and its workers, which it forks before it serves (Linux's /proc)."""
+    # pgrep fails when it finds none: one worker serves in the server's own process.
+    found = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True, check=False)
+    children = found.stdout.split()
+    ticks = 0
+    for pid in [str(server.pid), *children]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run_round(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
@@ -231,10 +247,14 @@ def run_round(args: argparse.Namespace) -> dict[str, float]:
                 # A warm-up second first: connections, handles, caches.
                 if args.wrk:
                     wrk(url, key, args.clients, 1.0, name)
+                    used = server_cpu_s(server)
                     figures = wrk(url, key, args.clients, args.seconds, name)
                 else:
                     asyncio.run(hammer(url, key, args.clients, 1.0, request, use_httpx=args.httpx))
+                    used = server_cpu_s(server)
                     figures = asyncio.run(hammer(url, key, args.clients, args.seconds, request, use_httpx=args.httpx))
+                # Steadier than the rates on a shared VM: what each request cost the server.
+                figures["server_cpu_us"] = (server_cpu_s(server) - used) / (figures["per_s"] * args.seconds) * 1e6
                 out.update({f"{name}_{k}": v for k, v in figures.items()})
             return out
         finally:
