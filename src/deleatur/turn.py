@@ -14,6 +14,7 @@ release it.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 
 #: How often a thread waiting for the turn looks whether its holder has ended.
@@ -41,62 +42,77 @@ def _mine() -> _Token:
 
 class Turn:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: weakref.ref[_Token] | None = None
-        self._depth = 0
-        self._taking_over = threading.Lock()
-
-    def _held_by(self, token: _Token) -> bool:
-        owner = self._owner
-        return owner is not None and owner() is token
+        # Guards what follows (taken with ``with``, in C: every call takes the turn).
+        self._state = threading.Lock()
+        self._changed = threading.Condition(self._state)
+        self._waiting = 0
+        # Who holds the turn and how many times, or None: one attribute, set by one
+        # statement under the lock, so that an exception raised between two statements
+        # (a KeyboardInterrupt) never leaves the turn held with no holder, which no thread
+        # could give back.
+        self._holder: tuple[weakref.ref[_Token], int] | None = None
 
     def _abandoned(self) -> bool:
-        owner = self._owner
-        return owner is not None and owner() is None
+        holder = self._holder
+        return holder is not None and holder[0]() is None
+
+    def _take(self, me: _Token) -> bool:
+        """Under the lock: take the turn (again) if no other thread holds it."""
+        holder = self._holder
+        if holder is None:
+            self._holder = (weakref.ref(me), 1)
+            return True
+        if holder[0]() is me:
+            self._holder = (holder[0], holder[1] + 1)
+            return True
+        return False
 
     def acquire(self, timeout: float) -> bool:
         """True once the calling thread holds the turn (again); False if another thread
         kept it for ``timeout`` seconds. Raises :class:`AbandonedTurn` if that thread has
         ended without giving it back."""
-        if self.try_acquire():
-            return True
-        left = timeout
-        while True:
-            if self._abandoned():
-                raise AbandonedTurn
-            wait = min(left, _LOOK_EVERY_S)
-            if self._lock.acquire(timeout=wait):
-                self._owner, self._depth = weakref.ref(_mine()), 1
+        me = _mine()
+        with self._state:
+            if self._take(me):
                 return True
-            left -= wait
-            if left <= 0:
-                return False
+            deadline = time.monotonic() + timeout
+            while True:
+                if self._abandoned():
+                    raise AbandonedTurn
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._waiting += 1
+                try:
+                    self._changed.wait(min(left, _LOOK_EVERY_S))
+                finally:
+                    self._waiting -= 1
+                if self._take(me):
+                    return True
 
     def try_acquire(self) -> bool:
         """Take the turn if no other thread holds it; never wait."""
         me = _mine()
-        if self._held_by(me):
-            self._depth += 1
-            return True
-        if not self._lock.acquire(blocking=False):
-            return False
-        self._owner, self._depth = weakref.ref(me), 1
-        return True
+        with self._state:
+            return self._take(me)
 
     def release(self) -> None:
-        if not self._held_by(_mine()):
-            raise RuntimeError("this thread does not hold the store handle's turn")
-        self._depth -= 1
-        if not self._depth:
-            self._owner = None
-            self._lock.release()
+        me = _mine()
+        with self._state:
+            holder = self._holder
+            if holder is None or holder[0]() is not me:
+                raise RuntimeError("this thread does not hold the store handle's turn")
+            self._holder = (holder[0], holder[1] - 1) if holder[1] > 1 else None
+            if self._waiting:
+                self._changed.notify()
 
     def take_over(self) -> bool:
         """If the thread that holds the turn has ended, the calling thread holds it now
         (once: release it once) and True; else False, changing nothing. Of two threads
         taking over at once, one does."""
-        with self._taking_over:
+        me = _mine()
+        with self._state:
             if not self._abandoned():
                 return False
-            self._owner, self._depth = weakref.ref(_mine()), 1
+            self._holder = (weakref.ref(me), 1)
             return True
