@@ -8,7 +8,7 @@ load (py-spy, BENCHMARKS.md). :class:`CombinedWrites` holds what is written unti
 event loop's next turn and then writes it once, so a head and the body sent right after
 it leave together. It writes at once whatever passes 64 KiB (asyncio's own high-water
 mark), so a streamed body still meets the transport's flow control, and it writes what
-it holds before the connection is closed.
+it holds before the connection is closed, or as the client ends its side of it.
 """
 
 from __future__ import annotations
