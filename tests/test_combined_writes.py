@@ -73,11 +73,15 @@ def _served(protocol: type[HttpToolsProtocol]) -> Iterator[tuple[str, list[bytes
         yield url, writes
 
 
-def _exchange(url: str, request: bytes) -> bytes:
-    """Send ``request``, and read until the server closes the connection."""
+def _exchange(url: str, request: bytes, *, ended: threading.Event | None = None) -> bytes:
+    """Send ``request``, and read until the server closes the connection. With ``ended``,
+    end this side of the connection first, and then set it."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(request)
+        if ended is not None:
+            sock.shutdown(socket.SHUT_WR)
+            ended.set()
         received = b""
         while chunk := sock.recv(1 << 16):
             received += chunk
@@ -146,12 +150,5 @@ def test_a_client_that_ends_its_side_first_gets_its_answer() -> None:
     CLIENT_ENDED.clear()
     request = b"GET /after-eof HTTP/1.1\r\nHost: test\r\n\r\n"
     with serving(_answer) as url:  # the servers' own configuration: uvloop
-        host, port = url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(request)
-            sock.shutdown(socket.SHUT_WR)
-            CLIENT_ENDED.set()
-            received = b""
-            while chunk := sock.recv(1 << 16):
-                received += chunk
+        received = _exchange(url, request, ended=CLIENT_ENDED)
     assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"\r\n\r\n" + BODY)

@@ -40,8 +40,13 @@ def _wal_pages(tmp_path: Path) -> int:
     return (tmp_path / "db-wal").stat().st_size // PAGE
 
 
-def _copier(tmp_path: Path, conn: apsw.Connection, copied: Callable[[], None]) -> WalCopier:
-    return WalCopier(tmp_path / "db", conn, copied=copied)
+def _copier(
+    tmp_path: Path,
+    conn: apsw.Connection,
+    copied: Callable[[], None],
+    tidy: Callable[[apsw.Connection], None] | None = None,
+) -> WalCopier:
+    return WalCopier(tmp_path / "db", conn, tidy=tidy, copied=copied)
 
 
 def test_commits_past_the_mark_leave_the_copy_to_the_thread(tmp_path: Path, conn: apsw.Connection) -> None:
@@ -259,7 +264,7 @@ def test_the_thread_makes_its_tidy_every_so_many_commits(
             own.execute("INSERT INTO t VALUES (x'00')")
 
     database = (tmp_path / "db").stat().st_size
-    copier = WalCopier(tmp_path / "db", conn, tidy=tidy, copied=tried.set)
+    copier = _copier(tmp_path, conn, tried.set, tidy)
     try:
         _commit_pages(conn, 1100)  # past SQLite's own mark for a commit to copy the -wal (1,000)
         _commit_pages(conn, 1)
@@ -284,7 +289,7 @@ def test_a_tidy_that_failed_is_tried_after_the_next_commit(
         if len(tries) == 1:
             raise apsw.BusyError("database is locked")
 
-    copier = WalCopier(tmp_path / "db", conn, tidy=tidy, copied=tried.set)
+    copier = _copier(tmp_path, conn, tried.set, tidy)
     try:
         for _ in range(3):
             _commit_pages(conn, 1)

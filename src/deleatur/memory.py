@@ -467,7 +467,9 @@ class Memory:
         """From now until :meth:`close`, the upkeep a commit would otherwise wait for
         (copying SQLite's -wal into the database, every few hundred writes) is done in a
         thread of its own: for a server, whose every request in flight would wait for
-        that commit. Calling it again does nothing."""
+        that commit. The thread also merges the full-text index's segments every so many
+        commits, which small write transactions leave for every recall to read. Calling
+        it again does nothing."""
         if not self._owner:
             raise self._deny("only the handle that opened the store runs its upkeep", "operator")
         with self._turn():

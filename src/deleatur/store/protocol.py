@@ -379,7 +379,8 @@ class Backend(Protocol):
 
     def upkeep_in_background(self) -> None:
         """From now until :meth:`close`, do in a thread of its own the upkeep a commit
-        would otherwise wait for (SQLite: copying the -wal into the database)."""
+        would otherwise wait for, or that would otherwise wait (SQLite: copying the -wal
+        into the database, merging the full-text index's segments)."""
         ...
 
     def close(self) -> None: ...
