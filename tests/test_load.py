@@ -5,6 +5,7 @@ while recalls and erasures of other subjects run alongside."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ import pytest
 from deleatur import Role
 from deleatur.errors import InvalidInputError
 from deleatur.servers.http import create_app
-from deleatur.servers.workers import how_it_ended, listen
+from deleatur.servers.workers import YOUNG_OBJECTS_COLLECTED_AT, how_it_ended, listen
 
 from .conftest import MASTER
 from .serving import api_key, new_store, serving
@@ -196,6 +197,31 @@ print("status", status, flush=True)
     assert (done.returncode, done.stdout) == (0, "status 1\n"), done.stderr
     # The first failure stops the other worker, which may not have got as far.
     assert "RuntimeError: no app" in done.stderr
+
+
+def test_a_serving_process_collects_its_youngest_objects_less_often() -> None:
+    """While it serves, a process has the start's objects frozen and collects its youngest
+    generation only past YOUNG_OBJECTS_COLLECTED_AT; after, the collector is as before."""
+    program = """
+import gc
+from deleatur.servers.workers import listen, run_workers
+async def app(scope, receive, send):
+    assert scope["type"] == "lifespan"
+    await receive()
+    print("serving", gc.get_threshold(), gc.get_freeze_count() > 0, flush=True)
+    await send({"type": "lifespan.startup.failed", "message": "seen"})  # and so it stops
+print("before", gc.get_threshold(), flush=True)
+run_workers(lambda: app, listen("127.0.0.1", 0), workers=1)
+print("after", gc.get_threshold(), gc.get_freeze_count(), flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    young, older, oldest = gc.get_threshold()
+    assert done.stdout.splitlines() == [
+        f"before ({young}, {older}, {oldest})",
+        f"serving ({YOUNG_OBJECTS_COLLECTED_AT}, {older}, {oldest}) True",
+        f"after ({young}, {older}, {oldest}) 0",
+    ]
 
 
 _PIDS_SERVER = """
