@@ -4,6 +4,9 @@ mcp`, the local operator) and over streamable HTTP (uvicorn on loopback)."""
 from __future__ import annotations
 
 import functools
+import json
+import select
+import subprocess
 import sys
 import threading
 import uuid
@@ -227,6 +230,58 @@ def test_a_scoped_agent_follows_its_own_erasure(tmp_path: Path) -> None:
     agent = api_key(new_store(store), Role.AGENT, scopes=["c2"])
     env = {"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex(), "DELEATUR_API_KEY": agent}
     _over_stdio(tmp_path, env, _scoped_agent)
+
+
+def test_stdio_refuses_a_message_that_repeats_a_key(tmp_path: Path) -> None:
+    """As over HTTP (_a_body_that_repeats_a_key_is_refused): the SDK's parser would keep
+    user_id's last value and write into bob's space. The request is answered with the
+    refusal under its own id, and the session goes on; a notification is dropped."""
+    store = tmp_path / "mem.db"
+    opener = new_store(store)
+    env = {"DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex()}
+    deleatur = str(Path(sys.executable).with_name("deleatur"))
+    with subprocess.Popen(
+        [deleatur, "serve", "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as server:
+        stdin, stdout, stderr = server.stdin, server.stdout, server.stderr
+        assert stdin is not None and stdout is not None and stderr is not None
+
+        def send(line: str) -> None:
+            stdin.write(line.encode() + b"\n")
+            stdin.flush()
+
+        def answer() -> dict[str, Any]:
+            ready, _, _ = select.select([stdout], [], [], SESSION_SECONDS)
+            assert ready, "no answer"
+            found: dict[str, Any] = json.loads(stdout.readline())
+            return found
+
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert answer()["id"] == 1
+        send('{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        call = (
+            '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "remember", "arguments":'
+            ' {"text": "dup", "subject": "Dup Dan", "user_id": "alice", "user_id": "bob"}}}'
+        )
+        send(call)
+        message = 'invalid_request: the message repeats a key in one object: "user_id"'
+        refused = answer()
+        assert (refused["id"], refused["error"]["message"]) == (2, message)
+        assert refused["error"]["data"]["code"] == "invalid_request"
+        send('{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "requestId": 2}}')
+        send(call.replace('"id": 2', '"id": 3') + " and then no JSON")  # whose, it cannot tell
+        unread = answer()
+        assert (unread["id"], unread["error"]["message"]) == (None, message)
+        send(call.replace('"id": 2', '"id": 4').replace(', "user_id": "bob"', ""))
+        done = answer()
+        assert done["id"] == 4 and not done["result"]["isError"], done
+        stdin.close()
+        assert server.wait(timeout=SESSION_SECONDS) == 0
+        assert 'dropped a message: the message repeats a key in one object: "requestId"' in stderr.read().decode()
+    with opener() as memory:
+        assert [r.text for r in memory.list(subject="Dup Dan", space=Space("alice"))] == ["dup"]
+        assert list(memory.list(subject="Dup Dan", space=Space("bob"))) == []
 
 
 async def _scoped_agent(session: ClientSession) -> None:

@@ -125,6 +125,7 @@ def serve_mcp(
     """An MCP server: over stdio for a local client (as the local operator, or as the
     principal of --api-key), or streamable HTTP at /mcp (bearer API keys)."""
     from ..servers.mcp import build_server, http_app
+    from ..servers.stdio import run_stdio
 
     pool = HandlePool(_opener(), limit=DEFAULT_HANDLES)
     if Options.api_key is not None:
@@ -133,7 +134,7 @@ def serve_mcp(
     server = build_server(pool, local_api_key=Options.api_key)
     try:
         if transport is Transport.stdio:
-            server.run("stdio")
+            run_stdio(server)
         else:
             # One process: MCP sessions live in its memory. Its tools run in threads.
             _serve(

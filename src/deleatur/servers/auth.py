@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -230,10 +231,8 @@ _MAX_CHECKED_BODY = 4 * 1024 * 1024
 
 
 async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo | None]:
-    """A POST's body read whole (up to the SDK's limit) and checked for an object that
-    repeats a key, which the SDK's parser would take with its last value (so a tool call
-    naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
-    body); and what the transport then receives: the same messages again."""
+    """A POST's body read whole (up to the SDK's limit) and checked (:func:`misread`);
+    and what the transport then receives: the same messages again."""
     if scope["method"] != "POST":
         return receive, None
     declared = Headers(scope=scope).get("content-length", "")
@@ -250,12 +249,7 @@ async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo
         more = message.get("more_body", False)
     refusal = None
     if not more and size <= _MAX_CHECKED_BODY:
-        try:
-            loads_unique(b"".join(m.get("body", b"") for m in messages), "the request body")
-        except InvalidInputError as exc:
-            refusal = ErrorInfo(422, "invalid_request", exc.message)
-        except (ValueError, RecursionError):
-            pass  # not JSON: the transport answers it as JSON-RPC says
+        refusal = misread(b"".join(m.get("body", b"") for m in messages), "the request body")
 
     async def replay() -> Message:
         return messages.pop(0) if messages else await receive()
@@ -263,17 +257,37 @@ async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo
     return replay, refusal
 
 
+def misread(message: str | bytes, what: str) -> ErrorInfo | None:
+    """The refusal of a JSON-RPC ``message`` that the SDK's parser would misread: one that
+    repeats a key in one object, which it reads with the key's last value (so a tool call
+    naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
+    body), or holds an integer of more digits than Python converts. None for any other,
+    JSON or not: the transport answers what is not JSON as JSON-RPC says."""
+    try:
+        loads_unique(message, what)
+    except InvalidInputError as exc:
+        return ErrorInfo(422, "invalid_request", exc.message)
+    except (ValueError, RecursionError):
+        pass
+    return None
+
+
 #: JSON-RPC's code for an error of the server's own (its range -32000 to -32099).
 _SERVER_ERROR = -32000
+
+
+def jsonrpc_refusal(info: ErrorInfo, request_id: Any = None) -> dict[str, Any]:
+    """The JSON-RPC error answering the request ``request_id`` (None: one the server could
+    not read), which an MCP client shows its caller; its ``data`` is the error as every
+    deleatur server reports it, stable code and all."""
+    error = {"code": _SERVER_ERROR, "message": f"{info.code}: {info.message}", "data": info.to_json()["error"]}
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 async def _refuse(
     info: ErrorInfo, scope: Scope, receive: Receive, send: Send, headers: dict[str, str] | None = None
 ) -> None:
-    """A JSON-RPC error, which an MCP client shows its caller (the SDK's client shows any
-    other body of an error status as "Server returned an error response", so an agent
-    could not tell a bad key from a full server); its ``data`` is the error as every
-    deleatur server reports it, stable code and all."""
-    error = {"code": _SERVER_ERROR, "message": f"{info.code}: {info.message}", "data": info.to_json()["error"]}
-    body = {"jsonrpc": "2.0", "id": None, "error": error}
-    await JSONResponse(body, status_code=info.status, headers=headers)(scope, receive, send)
+    """A :func:`jsonrpc_refusal` with the error's HTTP status: the SDK's client shows any other
+    body of an error status as "Server returned an error response", so an agent could not
+    tell a bad key from a full server."""
+    await JSONResponse(jsonrpc_refusal(info), status_code=info.status, headers=headers)(scope, receive, send)
