@@ -70,7 +70,8 @@ def serving(app: ASGIApp, **options: Any) -> Iterator[str]:
     # Idle connections kept past any test's length: a client that takes one the server
     # is closing as idle (uvicorn's default is 5 s, which a loaded machine can leave a
     # pooled connection unused for) fails its request with a ReadError, HTTP's own race.
-    config = server_config(app, log_level="warning", timeout_keep_alive=300, **options)
+    defaults: dict[str, Any] = {"log_level": "warning", "timeout_keep_alive": 300}
+    config = server_config(app, **(defaults | options))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -124,6 +124,19 @@ def test_memories_round_trip(client: Client) -> None:
     assert next(client.list(space=space, subject="alice martin", limit=1)).subject == "alice martin"
 
 
+def test_no_request_is_logged_even_at_level_info(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A recall's URL holds its query's words, which no log of the server may keep, at
+    any level: uvicorn's access log, on by default, wrote each request's path and query."""
+    opener = new_store(tmp_path / "mem.db")
+    headers = {"Authorization": f"Bearer {api_key(opener, Role.MEMBER)}"}
+    with serving(create_app(opener), log_level="info") as url:
+        found = httpx.get(f"{url}/v1/memories/search", params={"q": "Zorblax"}, headers=headers)
+        assert found.status_code == 200, found.text
+    logged = "".join(capfd.readouterr())
+    assert "Started server process" in logged  # the server did log, at level info
+    assert "Zorblax" not in logged and "/v1/memories" not in logged
+
+
 def test_receipt_and_log(client: Client) -> None:
     record = client.remember("receipt me", subject="Receipts")
     receipt = client.receipt(record.id)

@@ -106,13 +106,16 @@ def _listening(sock: socket.socket) -> socket.socket:
 def server_config(app: ASGIApp, *, log_level: str, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration of a server of ``app``; ``options`` (uvicorn's) add to it
     or replace its own."""
-    # "auto": uvloop (a dependency). No WebSocket: no route takes one.
+    # "auto": uvloop (a dependency). No WebSocket: no route takes one. No access log: a
+    # recall's URL holds its query's words, which no log of the server may keep (and
+    # uvicorn spelt each request's line even when its level then dropped it).
     own: dict[str, Any] = {
         "http": CombinedWritesProtocol,
         "ws": "none",
         "loop": "auto",
         "lifespan": "on",
         "log_level": log_level,
+        "access_log": False,
     }
     return uvicorn.Config(app, **(own | options))
 
