@@ -31,7 +31,7 @@ from deleatur.erasure.engine import (
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
-from deleatur.model import SpaceFilter
+from deleatur.model import SpaceFilter, cached_space
 from deleatur.rights.restriction import RestrictedSubjectError
 from deleatur.store.evidence import StoreEvidence
 
@@ -785,6 +785,25 @@ def test_reads_through_a_stale_cached_key_fail_once_destroyed(memory: Memory, fa
     _erase(memory, "Alice Smith")
     with pytest.raises(DataKeyDestroyedError):
         memory.keys.key_by_id(row.key_id)
+
+
+def test_account_ids_do_not_survive_in_the_process_caches(memory: Memory, store_path: Path) -> None:
+    """The process keeps names it read for reuse (spaces, a handle's tokens of them): an
+    account erasure empties those caches, those of every handle in the process included."""
+    other = Memory.open(store_path, from_bytes(MASTER))
+    try:
+        memory.remember("x", subject="s", space=Space("cust_5521"))
+        assert [r.text for r in other.list(space=Space("cust_5521"))] == ["x"]  # it caches the user's names
+        held = [repr(list(cache)) for cache in (memory._tokens, other._tokens)]
+        assert all("cust_5521" in names for names in held)
+        assert cached_space.cache_info().currsize
+        memory.erase_all(user_id="cust_5521", request_id="ACC-9", basis=BASIS, requester="ops")
+        assert cached_space.cache_info().currsize == 0
+        for handle in (memory, other):
+            assert list(handle.list(space=Space("bystander"))) == []  # any call that makes a token
+            assert "cust_5521" not in repr(list(handle._tokens))
+    finally:
+        other.close()
 
 
 def test_account_ids_do_not_survive_in_requests(memory: Memory) -> None:

@@ -101,6 +101,7 @@ from .model import (
     check_type,
     check_who,
     erased_ref,
+    names_forgotten,
     validate_text,
 )
 from .newfiles import Made, check_directory, exclusive_lock, init_lock, making
@@ -203,6 +204,8 @@ class _Shared:
     unsigned: bool = False
     #: The store's data_version when this handle last checked which key signs the log.
     signer_checked: int = -1
+    #: model.names_forgotten() when the handle's tokens of names were last emptied.
+    names_forgotten: int = 0
     #: Where calls' entries go that would be written in transactions of their own,
     #: inside a read snapshot (which can write nothing) or an :class:`AuditBatch`.
     deferred: builtins.list[Entry] | None = None
@@ -1301,6 +1304,10 @@ class Memory:
         """An opaque per-tenant token (a blind index) of ``parts``, kept for reuse: every
         write and every audit entry needs one. The handle's views share the cache (a
         server makes a view per request), so it is keyed by tenant too."""
+        if self._shared.names_forgotten != names_forgotten():
+            # An erasure since: the names it erased are not to be kept here either.
+            self._tokens.clear()
+            self._shared.names_forgotten = names_forgotten()
         key = (self.tenant, purpose, *parts)
         token = self._tokens.get(key)
         if token is None:

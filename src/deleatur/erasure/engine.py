@@ -35,7 +35,7 @@ from ..model import (
     check_optional,
     check_stated,
     check_who,
-    forget_cached_subjects,
+    forget_cached_names,
     one_line,
 )
 from ..store.protocol import WAL_NOT_TRUNCATED
@@ -558,7 +558,7 @@ def erase(
                 memory.backend.put_request(replace(template, error=exc.message).to_row(), replace=True)
             exc.request_recorded = True
         raise
-    forget_cached_subjects()
+    forget_cached_names()
     if others_pending:
         finish_all_pending(memory)
     return _as_shown(memory, ErasureResult(settle(memory, request), plan))

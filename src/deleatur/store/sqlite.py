@@ -3,7 +3,6 @@ SQLite whose FTS5 supports ``secure-delete``)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import uuid
@@ -16,7 +15,7 @@ import apsw
 
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
-from ..model import Space, SpaceFilter, Status
+from ..model import Space, SpaceFilter, Status, cached_space
 from ..sqlitefile import WalCopier, connect, data_version, immediate, savepoint, scrub, sidecar_files
 from .heldindex import HeldIndex
 from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
@@ -131,9 +130,6 @@ def _bm25(api: apsw.FTS5ExtensionApi, *frequencies: apsw.SQLiteValue) -> float:
     return score
 
 
-# Rows of one space share one validated Space: validating three names per row read
-# was an eighth of a recall.
-_space = functools.lru_cache(maxsize=4096)(Space)
 # A dict lookup: the enum's own constructor is a tenth of making a row.
 _STATUSES = {status.value: status for status in Status}
 
@@ -146,7 +142,7 @@ def _row(values: tuple[Any, ...]) -> StoredRow:
     return StoredRow(
         values[0],
         values[1],
-        _space(values[2], values[3], values[4]),
+        cached_space(values[2], values[3], values[4]),
         bytes(values[5]),
         None if values[6] is None else bytes(values[6]),
         bytes(values[7]),
