@@ -273,6 +273,13 @@ def test_stdio_refuses_a_message_that_repeats_a_key(tmp_path: Path) -> None:
         send(call.replace('"id": 2', '"id": 3') + " and then no JSON")  # whose, it cannot tell
         unread = answer()
         assert (unread["id"], unread["error"]["message"]) == (None, message)
+        for unclear in ('"id": true', '"id": 3, "id": 5'):  # JSON-RPC ids are strings or integers
+            send(call.replace('"id": 2', unclear))
+            assert answer()["id"] is None
+        send(call.replace('"id": 2', '"id": "seven"').replace('"dup"', "1" + "0" * 5000))  # too long an integer
+        long = answer()
+        assert (long["id"], long["error"]["data"]["code"]) == ("seven", "invalid_request")
+        assert "more than 4300 digits" in long["error"]["message"]
         send(call.replace('"id": 2', '"id": 4').replace(', "user_id": "bob"', ""))
         done = answer()
         assert done["id"] == 4 and not done["result"]["isError"], done

@@ -262,7 +262,8 @@ def misread(message: str | bytes, what: str) -> ErrorInfo | None:
     repeats a key in one object, which it reads with the key's last value (so a tool call
     naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
     body), or holds an integer of more digits than Python converts. None for any other,
-    JSON or not: the transport answers what is not JSON as JSON-RPC says."""
+    JSON or not: what is not JSON is the transport's to answer (or not, as the SDK's
+    stdio transport does not)."""
     try:
         loads_unique(message, what)
     except InvalidInputError as exc:

@@ -4,28 +4,32 @@
 The SDK's transport parses each line of stdin itself, keeping a repeated key's last
 value, so the check reads each line before it does. A request it refuses is answered
 with the gate's JSON-RPC error under the request's own id, since the client waits for
-an answer to each request it sent (under a null id if the line cannot be read to its
-end, as JSON-RPC has it). Any other message it refuses is dropped, and said so on
-stderr. Either way the SDK never sees it.
+an answer to each request it sent; under a null id if the id cannot be told (the line
+is not JSON to its end, or its id is repeated, or neither a string nor an integer), as
+JSON-RPC has it. Any other message it refuses (a notification, a batch) is dropped,
+and said so on stderr. Either way the SDK never sees it.
 
 While the server runs, the process's stdin reads as empty and its stdout writes to
-stderr, as the SDK's own transport has them: stray output of the code the tools run
-cannot break the protocol's lines.
+stderr, through the SDK's own claim of the two (``mcp.server.stdio``): stray output of
+the code the tools run stays off the protocol's lines.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from io import TextIOWrapper
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
-from mcp.server.stdio import stdio_server
+from mcp.server.stdio import (
+    _claim_fd,
+    _open_stdin_diversion,
+    _open_stdout_diversion,
+    _UnownedTextWrapper,
+    stdio_server,
+)
 
 from .auth import jsonrpc_refusal, misread
 
@@ -34,7 +38,7 @@ class _Answers(anyio.AsyncFile[str]):
     """stdout, written a whole line at a time: the SDK's answers and the refusals are
     written from different tasks, and each write runs in a thread."""
 
-    def __init__(self, fp: TextIOWrapper) -> None:
+    def __init__(self, fp: _UnownedTextWrapper) -> None:
         super().__init__(fp)
         self._writing = anyio.Lock()
 
@@ -49,9 +53,10 @@ class _Answers(anyio.AsyncFile[str]):
 
 
 class _Checked(anyio.AsyncFile[str]):
-    """stdin's lines, less those the SDK would misread (answered on ``answers``)."""
+    """stdin's lines, less those the SDK would misread: a request among them is answered
+    on ``answers``."""
 
-    def __init__(self, fp: TextIOWrapper, answers: _Answers) -> None:
+    def __init__(self, fp: _UnownedTextWrapper, answers: _Answers) -> None:
         super().__init__(fp)
         self._answers = answers
 
@@ -61,41 +66,71 @@ class _Checked(anyio.AsyncFile[str]):
             if refused is None:
                 yield line
                 continue
-            try:
-                message = json.loads(line)
-            except (ValueError, RecursionError):
-                message = {"method": None, "id": None}  # refused before its end: whose, unknown
-            if isinstance(message, dict) and "method" in message and "id" in message:
-                await self._answers.write(json.dumps(jsonrpc_refusal(refused, message["id"])) + "\n")
+            request, request_id = _request_id(line)
+            if request:
+                await self._answers.write(json.dumps(jsonrpc_refusal(refused, request_id)) + "\n")
             else:
                 print(f"deleatur: dropped a message: {refused.message}", file=sys.stderr, flush=True)
 
 
-@contextmanager
-def _diverted(fd: int, to: int) -> Iterator[int]:
-    """``fd`` pointed at ``to`` meanwhile; the descriptor it was, duplicated."""
-    own = os.dup(fd)
-    os.dup2(to, fd)
+def _request_id(line: str) -> tuple[bool, str | int | None]:
+    """Whether ``line`` is a request (or may be one: it cannot be read to its end), and
+    its id if it can be told."""
     try:
-        yield own
-    finally:
-        os.dup2(own, fd)
-        # Not closed: a thread may still be blocked reading it, and a descriptor closed
-        # under it could be reused by another file (the SDK leaves its own open too).
+        # Objects as their pairs, a repeated key kept; an integer too long to convert, None.
+        message = json.loads(line, object_pairs_hook=tuple, parse_int=_int_or_none)
+    except (ValueError, RecursionError):
+        return True, None
+    if not isinstance(message, tuple):
+        return False, None  # a batch, which the SDK does not take either
+    names = [name for name, _ in message]
+    if "method" not in names or "id" not in names:
+        return False, None  # a notification (or a response)
+    ids = [value for name, value in message if name == "id"]
+    request_id = ids[0] if len(ids) == 1 else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return True, None
+    return True, request_id
+
+
+def _int_or_none(digits: str) -> int | None:
+    try:
+        return int(digits)
+    except ValueError:
+        return None  # more digits than Python converts
 
 
 def run_stdio(server: MCPServer[Any]) -> None:
     """Serve ``server`` over the process's stdin and stdout until stdin ends."""
-    with open(os.devnull, "rb") as nothing, _diverted(0, nothing.fileno()) as stdin, _diverted(1, 2) as stdout:
-        answers = _Answers(TextIOWrapper(os.fdopen(stdout, "wb", closefd=False), encoding="utf-8"))
-        # As the SDK reads stdin: text, whatever the platform's encoding, bad bytes replaced.
-        lines = TextIOWrapper(os.fdopen(stdin, "rb", closefd=False), encoding="utf-8", errors="replace")
-        checked = _Checked(lines, answers)
+    # The SDK's own claim of fds 0 and 1 (the wire served from duplicates, the fds
+    # pointed elsewhere), as its stdio_server() makes it when given no streams. What
+    # Python's stdout buffered goes out before either switch: onto the wire only before.
+    _flush_stdout()
+    stdin_buffer, release_stdin = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
+    try:
+        stdout_buffer, release_stdout = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
+        try:
+            answers = _Answers(_UnownedTextWrapper(stdout_buffer, encoding="utf-8"))
+            # As the SDK reads stdin: UTF-8, whatever the platform's encoding, bad bytes replaced.
+            lines = _UnownedTextWrapper(stdin_buffer, encoding="utf-8", errors="replace")
+            checked = _Checked(lines, answers)
 
-        async def serve() -> None:
-            async with stdio_server(stdin=checked, stdout=answers) as (read, write):
-                # The SDK's run_stdio_async, with these streams (it takes none).
-                lowlevel = server._lowlevel_server
-                await lowlevel.run(read, write, lowlevel.create_initialization_options())
+            async def serve() -> None:
+                async with stdio_server(stdin=checked, stdout=answers) as (read, write):
+                    # The SDK's run_stdio_async, with these streams (it takes none).
+                    lowlevel = server._lowlevel_server
+                    await lowlevel.run(read, write, lowlevel.create_initialization_options())
 
-        anyio.run(serve)
+            anyio.run(serve)
+        finally:
+            _flush_stdout()
+            if release_stdout is not None:
+                release_stdout()
+    finally:
+        if release_stdin is not None:
+            release_stdin()
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
