@@ -120,6 +120,10 @@ def server_config(app: ASGIApp, *, log_level: str, **options: Any) -> uvicorn.Co
     return uvicorn.Config(app, **(own | options))
 
 
+async def _collect_young_objects() -> None:
+    gc.collect(0)
+
+
 class _Stopped(BaseException):
     """A SIGTERM in a server that runs in the command's own process: like Ctrl-C's
     KeyboardInterrupt, it ends whatever is running, be it the app's build or the
@@ -132,7 +136,14 @@ def _stopped(_signum: int, _frame: FrameType | None) -> NoReturn:
 
 def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) -> int:
     try:
-        config = server_config(build(), log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        config = server_config(
+            build(),
+            log_level=log_level,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            # uvicorn's once-a-second tick calls it (when over 0 s have passed since).
+            callback_notify=_collect_young_objects,
+            timeout_notify=0,
+        )
         config.load()  # the app's middleware and uvicorn's own objects, made now
         # The ~80,000 objects the imports and the app made live as long as the server:
         # out of the collector's reach, each full collection no longer walks them, which
@@ -141,8 +152,9 @@ def _serve(build: Callable[[], ASGIApp], sock: socket.socket, log_level: str) ->
         gc.freeze()
         # The requests in flight hold hundreds of objects: at the default threshold (700
         # more made than freed) the youngest generation was collected every ~15 recalls,
-        # for next to nothing, 1.3 % of a worker's time. Past this one, what little
-        # cyclic garbage the requests leave is still collected: once in 20 s of load.
+        # for next to nothing, 1.3 % of a worker's time. Past this one, that happened once
+        # in 20 s of load, and a server with little to do could keep garbage for hours
+        # (a cycle holding an export's pages, say): so it is also collected every second.
         thresholds = gc.get_threshold()
         gc.set_threshold(YOUNG_OBJECTS_COLLECTED_AT, *thresholds[1:])
         try:
