@@ -74,6 +74,7 @@ OPS = [
     Spec("remember elsewhere", (W,), "u2", lambda m, w: m.remember("x", subject="Carol", space=U2)),
     Spec("get", (R,), "u1", lambda m, w: m.get(w.ids["u1"], space=U1)),
     Spec("recall", (R,), "u1", lambda m, w: m.recall("tea", space=U1)),
+    Spec("recall_json", (R,), "u1", lambda m, w: m.recall_json("tea", space=U1)),
     Spec("list", (R,), "u1", lambda m, w: list(m.list(space=U1))),
     Spec("history", (R,), "u1", lambda m, w: m.history("alice::drink", space=U1)),
     Spec("versions", (R,), "u1", lambda m, w: list(m.versions("alice::drink", space=U1))),
@@ -232,8 +233,8 @@ def test_the_table_covers_every_guarded_method() -> None:
         name for name in dir(Memory) if not name.startswith("_") and hasattr(getattr(Memory, name), "__wrapped__")
     }
     exercised = {
-        "remember", "get", "recall", "list", "history", "versions", "receipt", "forget", "rectify", "erase",
-        "erase_all", "export_json", "restrict", "unrestrict", "restrictions", "purge", "set_retention",
+        "remember", "get", "recall", "recall_json", "list", "history", "versions", "receipt", "forget", "rectify",
+        "erase", "erase_all", "export_json", "restrict", "unrestrict", "restrictions", "purge", "set_retention",
         "retention_policy",
         "erasure_requests", "erasure_request", "certificate", "checkpoint", "verify_log", "verify_audit",
         "audit_entries", "create_principal", "principals", "record_decision", "explain_decision",

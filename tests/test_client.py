@@ -120,6 +120,7 @@ def test_records_are_the_librarys(admin: Pair) -> None:
     retired = client.forget(record_id=derived.id, space=space)
     same(retired, memory.get(derived.id, space=space))
     same(client.recall("phone team", space=space), memory.recall("phone team", space=space))
+    assert client.recall_json("phone team", space=space) == memory.recall_json("phone team", space=space)
     for arguments in (
         {},
         {"include_history": True},

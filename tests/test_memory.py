@@ -61,6 +61,26 @@ def test_recall_ranks_by_bm25_and_honours_limit(memory: Memory) -> None:
     assert len(memory.recall('Lyon" OR scope:*')) == 2
 
 
+def test_recall_json_is_recalls_hits_as_json_and_audited_alike(memory: Memory, clock: FakeClock) -> None:
+    """What a server answers with, made without the records: every field as Hit.to_json
+    spells it (an update's time, a rectification's reason and actor, metadata, lineage,
+    expiry), and the same audit entry as recall's."""
+    first = memory.remember("Lyon is home", subject="Alice", key="alice::city", source="chat", confidence=0.5)
+    clock.advance(1)
+    memory.remember("Lyon weather", subject="w", metadata={"n": [1, {"x": None}]}, derived_from=[first.id])
+    memory.remember("Lyon, briefly", subject="b", expires_at=clock.now + 10**9, space=Space("u1", "bot", "r"))
+    clock.advance(1)
+    memory.rectify("alice::city", "Lyon, since May", reason="user said so", actor="support")
+    for space in (Space(), Space("u1", "bot", "r")):
+        made = memory.recall_json("Lyon", space=space, limit=5)
+        assert made == [h.to_json() for h in memory.recall("Lyon", space=space, limit=5)] and made
+    assert {h["reason"] for h in memory.recall_json("Lyon")} == {None, "user said so"}
+    *calls, shown = [e.entry.fields for e in memory.audit_entries(calls_only=True)][-6:]
+    assert [f["action"] for f in calls] == ["recall"] * 5 and shown["action"] == "audit.show"
+    for json_call, call in (calls[0:2], calls[2:4]):  # recall_json's, then recall's, per space
+        assert {**json_call, "request": None} == {**call, "request": None}
+
+
 def test_recall_is_scoped_to_one_exact_space(memory: Memory) -> None:
     memory.remember("user1 secret plan", subject="a", space=Space("user1"))
     memory.remember("user10 secret plan", subject="b", space=Space("user10"))

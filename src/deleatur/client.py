@@ -327,8 +327,12 @@ class Client:
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Hit]:
         """Hits, best first: records with their ``score``. The query goes in the body: the
         library takes one of any length, which a URL cannot carry, and a URL is logged."""
+        return [Hit.from_json(h) for h in self.recall_json(query, space=space, limit=limit)]
+
+    def recall_json(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Any]:
+        """:meth:`recall`'s hits as the server sent them (:meth:`Hit.to_json`)."""
         body = {"q": check_query(query), "limit": check_recall_limit(limit), **_space(space)}
-        return self._call(lambda d: [Hit.from_json(h) for h in d["hits"]], "POST", "/v1/memories/search", body=body)
+        return self._call(lambda d: builtins.list(d["hits"]), "POST", "/v1/memories/search", body=body)
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
         path = f"/v1/memories/{_record(record_id)}"

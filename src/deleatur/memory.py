@@ -102,6 +102,7 @@ from .model import (
     check_who,
     erased_ref,
     names_forgotten,
+    record_json,
     validate_text,
 )
 from .newfiles import Made, check_directory, exclusive_lock, init_lock, making
@@ -1329,15 +1330,18 @@ class Memory:
         rid = record_id.encode("utf-8")
         return b"".join((prefix, _LENGTH.pack(len(rid)), rid, _LENGTH.pack(len(subject_ref)), subject_ref))
 
-    def _decrypt(self, row: StoredRow) -> Record:
+    def _opened(self, row: StoredRow) -> dict[str, Any]:
+        """The payload of ``row``: its personal content, decrypted and authenticated."""
         aead = self.keys.key_by_id(row.key_id)
         try:
             plain = aead.decrypt(row.ciphertext[:_NONCE], row.ciphertext[_NONCE:], self._aad(row.id, row.subject_ref))
         except InvalidTag:
             raise IntegrityError(f"record {row.id} failed authentication", record_id=row.id) from None
-        payload = _payload(plain)
-        # Positional, in field order: keywords took a third of making the record, which a
-        # server does for every hit it answers with.
+        return _payload(plain)
+
+    def _decrypt(self, row: StoredRow) -> Record:
+        payload = self._opened(row)
+        # Positional, in field order: keywords took a third of making the record.
         return Record(
             row.id,
             row.tenant,
@@ -2003,6 +2007,39 @@ class Memory:
         newest matches, unranked (score 0).
         """
         return [Hit(self._decrypt(row), score) for row, score in self._ranked(query, space, limit)]
+
+    @guarded("recall", R, in_space)
+    def recall_json(
+        self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10
+    ) -> builtins.list[dict[str, Any]]:
+        """:meth:`recall`'s hits as their JSON (:meth:`Hit.to_json`), made without the
+        records: what a server answers with, for a third less of the work per hit."""
+        hits = []
+        for row, score in self._ranked(query, space, limit):
+            payload = self._opened(row)
+            made = record_json(
+                row.id,
+                row.tenant,
+                row.space,
+                payload["subject"],
+                payload["subject_original"],
+                payload["key"],
+                payload["text"],
+                payload["metadata"],
+                payload["source"],
+                row.confidence,
+                row.derived_from,
+                row.status,
+                row.supersedes,
+                row.created_at,
+                row.updated_at,
+                row.expires_at,
+                payload["reason"],
+                payload["actor"],
+            )
+            made["score"] = score
+            hits.append(made)
+        return hits
 
     def _ranked(self, query: str, space: Space, limit: int) -> builtins.list[tuple[StoredRow, float]]:
         """Recall's ranking: the stored rows of the best matches, still encrypted."""

@@ -1039,8 +1039,7 @@ def create_app(
     async def search(q: str, space: Callable[[], Space], limit: int) -> dict[str, Any]:
         # The space is made inside the call, as every route's arguments are checked: a bad
         # key is refused (401, audited) before a bad space is (422).
-        hits = await serve(lambda m: m.recall(q, space=space(), limit=limit), inline=True, reads=True)
-        return {"hits": [h.to_json() for h in hits]}
+        return {"hits": await serve(lambda m: m.recall_json(q, space=space(), limit=limit), inline=True, reads=True)}
 
     @app.get("/v1/memories/search", tags=["memories"], responses=_READ)
     async def recall(
