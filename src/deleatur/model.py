@@ -596,6 +596,7 @@ class Record:
             self.created_at,
             self.updated_at,
             self.expires_at,
+            self.nonce,
             self.reason,
             self.actor,
         )
@@ -627,8 +628,8 @@ class Record:
         )
 
 
-# Positional, in Record's field order (its nonce left out), as _decrypt makes a Record:
-# keywords cost a third more, and a server makes one for every hit it answers with.
+# Positional, in Record's field order, as a Record is made from a stored row: keywords
+# cost a third more, and a server makes one for every hit it answers with.
 def record_json(  # noqa: PLR0917
     record_id: str,
     tenant: str,
@@ -646,11 +647,13 @@ def record_json(  # noqa: PLR0917
     created_at: int,
     updated_at: int,
     expires_at: int | None,
+    _nonce: bytes,
     reason: str | None,
     actor: str | None,
 ) -> dict[str, Any]:
     """:meth:`Record.to_json` of a record of these fields, without the record: a server
-    answers a recall with its hits' JSON straight from their stored rows."""
+    answers a recall with its hits' JSON straight from their stored rows. The nonce is
+    left out (a salt, not data)."""
     created = isoformat(created_at)
     return {
         "id": record_id,
