@@ -648,6 +648,54 @@ def test_an_answer_the_client_cannot_read_is_a_deleatur_error() -> None:
         odd.get(UNKNOWN)
 
 
+#: A hit as the server sends it.
+HIT = Hit(
+    Record(
+        UNKNOWN,
+        "default",
+        Space(),
+        "s",
+        "S",
+        None,
+        "t",
+        {},
+        None,
+        None,
+        (),
+        Status.ACTIVE,
+        None,
+        1,
+        1,
+        None,
+        b"",
+        None,
+        None,
+    ),
+    1.0,
+).to_json()
+
+
+@pytest.mark.parametrize(
+    ("hits", "objects"),
+    [("ab", False), ({"id": "x"}, False), ([1], False), ([{"id": "x"}], True), ([{**HIT, "user_id": ""}], True)],
+)
+def test_hits_the_client_cannot_read_are_a_deleatur_error(hits: Any, objects: bool) -> None:
+    """Not the caller's InvalidInputError (an empty user_id), nor a KeyError or TypeError;
+    recall_json reads hits that are objects as they are."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"hits": hits})
+
+    with Client("http://deleatur.test", transport=httpx.MockTransport(answer)) as odd:
+        with pytest.raises(DeleaturError, match="not what this client reads"):
+            odd.recall("x")
+        if objects:
+            assert odd.recall_json("x") == hits
+        else:
+            with pytest.raises(DeleaturError, match="not what this client reads"):
+                odd.recall_json("x")
+
+
 # -- the JSON form, both ways -------------------------------------------------------------
 
 _names = st.text(st.characters(exclude_categories=["Cc", "Cs"]), max_size=20)

@@ -89,6 +89,14 @@ _COUNTS_TAIL = 4096
 _COUNTS = re.compile(r', "counts": (\{[^{}]*\})\}\s*\Z')
 
 
+def _hits(answer: Any) -> builtins.list[dict[str, Any]]:
+    """A search's hits, each a JSON object, else a TypeError (the client's to report)."""
+    hits = answer["hits"]
+    if not isinstance(hits, builtins.list) or not all(isinstance(hit, dict) for hit in hits):
+        raise TypeError("hits are a list of objects")
+    return hits
+
+
 def _space(space: Space) -> dict[str, str]:
     check_type(space, Space, "space")
     return {"user_id": space.user_id, "agent_id": space.agent_id, "run_id": space.run_id}
@@ -327,12 +335,17 @@ class Client:
     def recall(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Hit]:
         """Hits, best first: records with their ``score``. The query goes in the body: the
         library takes one of any length, which a URL cannot carry, and a URL is logged."""
-        return [Hit.from_json(h) for h in self.recall_json(query, space=space, limit=limit)]
+        return self._search(lambda d: [Hit.from_json(h) for h in _hits(d)], query, space, limit)
 
-    def recall_json(self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10) -> builtins.list[Any]:
+    def recall_json(
+        self, query: str, *, space: Space = DEFAULT_SPACE, limit: int = 10
+    ) -> builtins.list[dict[str, Any]]:
         """:meth:`recall`'s hits as the server sent them (:meth:`Hit.to_json`)."""
+        return self._search(_hits, query, space, limit)
+
+    def _search(self, read: Callable[[Any], T], query: str, space: Space, limit: int) -> T:
         body = {"q": check_query(query), "limit": check_recall_limit(limit), **_space(space)}
-        return self._call(lambda d: builtins.list(d["hits"]), "POST", "/v1/memories/search", body=body)
+        return self._call(read, "POST", "/v1/memories/search", body=body)
 
     def get(self, record_id: str, *, space: Space = DEFAULT_SPACE) -> Record:
         path = f"/v1/memories/{_record(record_id)}"
