@@ -789,7 +789,8 @@ def test_reads_through_a_stale_cached_key_fail_once_destroyed(memory: Memory, fa
 
 def test_account_ids_do_not_survive_in_the_process_caches(memory: Memory, store_path: Path) -> None:
     """The process keeps names it read for reuse (spaces, a handle's tokens of them): an
-    account erasure empties those caches, those of every handle in the process included."""
+    account erasure empties those caches, those of every handle in the process included,
+    one that makes no call meanwhile too."""
     other = Memory.open(store_path, from_bytes(MASTER))
     try:
         memory.remember("x", subject="s", space=Space("cust_5521"))
@@ -799,9 +800,7 @@ def test_account_ids_do_not_survive_in_the_process_caches(memory: Memory, store_
         assert cached_space.cache_info().currsize
         memory.erase_all(user_id="cust_5521", request_id="ACC-9", basis=BASIS, requester="ops")
         assert cached_space.cache_info().currsize == 0
-        for handle in (memory, other):
-            assert list(handle.list(space=Space("bystander"))) == []  # any call that makes a token
-            assert "cust_5521" not in repr(list(handle._tokens))
+        assert all("cust_5521" not in repr(list(handle._tokens)) for handle in (memory, other))  # an idle one too
     finally:
         other.close()
 

@@ -82,6 +82,7 @@ from .model import (
     DEFAULT_SPACE,
     EVERYWHERE,
     Hit,
+    NameCache,
     NewMemory,
     Record,
     Space,
@@ -101,7 +102,6 @@ from .model import (
     check_type,
     check_who,
     erased_ref,
-    names_forgotten,
     record_json,
     validate_text,
 )
@@ -205,8 +205,6 @@ class _Shared:
     unsigned: bool = False
     #: The store's data_version when this handle last checked which key signs the log.
     signer_checked: int = -1
-    #: model.names_forgotten() when the handle's tokens of names were last emptied.
-    names_forgotten: int = 0
     #: Where calls' entries go that would be written in transactions of their own,
     #: inside a read snapshot (which can write nothing) or an :class:`AuditBatch`.
     deferred: builtins.list[Entry] | None = None
@@ -278,7 +276,7 @@ class Memory:
         self._clock = clock
         self._random = random
         self._ids = IdGenerator(clock, random)
-        self._tokens: dict[tuple[str, ...], str] = {}
+        self._tokens = NameCache()  # emptied by an erasure (forget_cached_names)
         self._term_hashers: dict[str, hashlib.blake2b] = {}
         self.signing_key_path = signing_key_path(Path(backend.files()[0]))
         self.log = TransparencyLog(
@@ -1305,10 +1303,6 @@ class Memory:
         """An opaque per-tenant token (a blind index) of ``parts``, kept for reuse: every
         write and every audit entry needs one. The handle's views share the cache (a
         server makes a view per request), so it is keyed by tenant too."""
-        if self._shared.names_forgotten != names_forgotten():
-            # An erasure since: the names it erased are not to be kept here either.
-            self._tokens.clear()
-            self._shared.names_forgotten = names_forgotten()
         key = (self.tenant, purpose, *parts)
         token = self._tokens.get(key)
         if token is None:
@@ -1317,7 +1311,9 @@ class Memory:
             # only share posting lists, since search filters on the space columns too.
             token = self._tokens[key] = self.keys.index.token(purpose, ref)
             if len(self._tokens) > 4096:
-                self._tokens.pop(next(iter(self._tokens)))
+                # An erasure in another thread may empty the cache meanwhile.
+                with contextlib.suppress(StopIteration, RuntimeError, KeyError):
+                    self._tokens.pop(next(iter(self._tokens)))
         return token
 
     def _aad(self, record_id: str, subject_ref: bytes) -> bytes:

@@ -9,7 +9,9 @@ import math
 import os
 import re
 import sys
+import threading
 import unicodedata
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,21 +150,31 @@ def canonical_subject(original: str) -> str:
 
 
 def forget_cached_names() -> None:
-    """Empty the process's caches of names (subjects, user ids and spaces): an erasure
-    calls it, so an erased name does not outlive the erasure there. A store handle's
-    tokens of names are emptied as it next makes one (:func:`names_forgotten`)."""
+    """Empty the process's caches of names (subjects, user ids, spaces, and every
+    :class:`NameCache`): an erasure calls it, so an erased name does not outlive the
+    erasure there."""
     _canonical.cache_clear()
     cached_space.cache_clear()
-    _FORGOTTEN[0] += 1
+    with _NAME_CACHES_HELD:
+        caches = list(_NAME_CACHES.values())
+    for cache in caches:
+        cache.clear()
 
 
-_FORGOTTEN = [0]  # a count to update in place (module state, as the caches are)
+class NameCache(dict[tuple[str, ...], str]):
+    """A cache whose keys hold names (a store handle's tokens of user ids and spaces):
+    :func:`forget_cached_names` empties every one alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with _NAME_CACHES_HELD:
+            _NAME_CACHES[id(self)] = self
 
 
-def names_forgotten() -> int:
-    """How many times :func:`forget_cached_names` has run in this process: a cache of
-    names that last saw another number is to be emptied before its next use."""
-    return _FORGOTTEN[0]
+# By identity (a dict is not hashable), held weakly: a cache lives as long as its owner.
+# Handles are opened, and erasures made, in any thread.
+_NAME_CACHES: weakref.WeakValueDictionary[int, NameCache] = weakref.WeakValueDictionary()
+_NAME_CACHES_HELD = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8192)  # every write canonicalizes its subject, mostly a known one
