@@ -4,6 +4,7 @@ requests, idempotency, confirmation tokens, residue and pseudonymized traces."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -803,6 +804,38 @@ def test_account_ids_do_not_survive_in_the_process_caches(memory: Memory, store_
         assert all("cust_5521" not in repr(list(handle._tokens)) for handle in (memory, other))  # an idle one too
     finally:
         other.close()
+
+
+_HOLDER = """
+import sys
+from pathlib import Path
+from deleatur import Memory, Space, from_bytes
+from deleatur.model import cached_space
+memory = Memory.open(Path(sys.argv[1]), from_bytes(bytes.fromhex(sys.argv[2])))
+def held():
+    return cached_space.cache_info().currsize, "cust_5521" in repr(list(memory._tokens))
+assert [r.text for r in memory.list(space=Space("cust_5521"))] == ["x"]
+print(*held(), flush=True)
+sys.stdin.readline()
+assert list(memory.list(space=Space("bystander"))) == []  # its next call, after the erasure
+print(*held(), flush=True)
+memory.close()
+"""
+
+
+def test_account_ids_do_not_survive_in_another_processs_caches(memory: Memory, store_path: Path) -> None:
+    """A server's other worker processes hold names too: each empties its caches as its
+    next call finds that an erasure was made (the count the erasure keeps in the store)."""
+    memory.remember("x", subject="s", space=Space("cust_5521"))
+    command = [sys.executable, "-c", _HOLDER, str(store_path), MASTER.hex()]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline().split() == ["1", "True"]
+        memory.erase_all(user_id="cust_5521", request_id="ACC-10", basis=BASIS, requester="ops")
+        holder.stdin.write("erased\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().split() == ["0", "False"]
+        assert holder.wait(timeout=60) == 0
 
 
 def test_account_ids_do_not_survive_in_requests(memory: Memory) -> None:

@@ -80,6 +80,7 @@ from .log.witness import format_request, format_rotation_proof
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
     DEFAULT_SPACE,
+    ERASURES_MADE,
     EVERYWHERE,
     Hit,
     NameCache,
@@ -102,6 +103,7 @@ from .model import (
     check_type,
     check_who,
     erased_ref,
+    forget_cached_names,
     record_json,
     validate_text,
 )
@@ -205,6 +207,10 @@ class _Shared:
     unsigned: bool = False
     #: The store's data_version when this handle last checked which key signs the log.
     signer_checked: int = -1
+    #: The store's data_version when this handle last read how many erasures were made,
+    #: and that count (see model.ERASURES_MADE).
+    erasures_checked: int = -1
+    erasures_made: str | None = None
     #: Where calls' entries go that would be written in transactions of their own,
     #: inside a read snapshot (which can write nothing) or an :class:`AuditBatch`.
     deferred: builtins.list[Entry] | None = None
@@ -917,16 +923,18 @@ class Memory:
             f" (the log's current key is {self.backend.signing_keys()[-1][0]}); nothing was changed"
         )
 
-    def _current_signer(self) -> Signer | None:
+    def _current_signer(self, version: int | None = None) -> Signer | None:
         """The signing key, read again if another process (`keys rotate` beside a running
         server) rotated it since this handle read it: signing with the retired key would
         leave checkpoints that no key current at their size signed. Asked as each call
         begins and before any signing; the key list is read only when another connection
-        has committed since the last check."""
+        has committed since the last check (``version``: the store's data_version, read
+        just now)."""
         signer = self.log.signer
         if signer is None:
             return None
-        version = self.backend.data_version()
+        if version is None:
+            version = self.backend.data_version()
         if version != self._shared.signer_checked:
             keys = self.backend.signing_keys()
             if keys and keys[-1][0] != signer.key_id.hex():
@@ -941,7 +949,16 @@ class Memory:
             self.keys.refresh()
         except apsw.ConnectionClosedError:
             raise StoreError("this store handle is closed: open the store again") from None
-        self._current_signer()
+        version = self.backend.data_version()
+        if version != self._shared.erasures_checked:
+            # Another connection has committed: an erasure by another process, perhaps,
+            # whose names this process may hold in its caches (it empties its own).
+            made = self.backend.get_setting(ERASURES_MADE)
+            if made != self._shared.erasures_made and self._shared.erasures_checked != -1:
+                forget_cached_names()  # (a handle's first look has nothing to compare)
+            self._shared.erasures_made = made
+            self._shared.erasures_checked = version
+        self._current_signer(version)
 
     @guarded("log.public_key", (V, R, W), no_user, audit=False)
     def public_key(self) -> Verifier:

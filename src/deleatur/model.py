@@ -149,6 +149,12 @@ def canonical_subject(original: str) -> str:
     return _canonical(original)
 
 
+#: The store setting in which every erasure counts itself, in its own transaction: a
+#: connection that sees the count change empties its process's caches of names
+#: (Memory._refresh), as the erasing process does at once.
+ERASURES_MADE = "erasures.made"
+
+
 def forget_cached_names() -> None:
     """Empty the process's caches of names (subjects, user ids, spaces, and every
     :class:`NameCache`): an erasure calls it, so an erased name does not outlive the

@@ -29,6 +29,7 @@ from ..decisions.snapshots import redact as redact_decisions
 from ..errors import DeleaturError, InvalidInputError, KeyStoreBusyError, NotFoundError, StoreBusyError
 from ..log.entries import Entry, EventType
 from ..model import (
+    ERASURES_MADE,
     SpaceFilter,
     canonical_subject,
     check_flags,
@@ -530,6 +531,8 @@ def erase(
                 scope_key=scope_key if kind is RequestKind.SUBJECT and not scope.everywhere else None,
             )
             memory.backend.put_request(request.to_row(), replace=earlier is not None)
+            made = int(memory.backend.get_setting(ERASURES_MADE) or 0)
+            memory.backend.put_setting(ERASURES_MADE, str(made + 1))
     except _NothingDue as nothing:
         # A purge is the controller's own housekeeping, not a request anyone must be
         # answered: run daily, it would bury the requests under empty ones. The call's
