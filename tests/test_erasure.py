@@ -3,6 +3,7 @@ requests, idempotency, confirmation tokens, residue and pseudonymized traces."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from deleatur import (
     DeleaturError,
     InvalidInputError,
     Memory,
+    NewMemory,
     NotFoundError,
     Role,
     Space,
@@ -34,6 +36,7 @@ from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
 from deleatur.model import SpaceFilter, cached_space
 from deleatur.rights.restriction import RestrictedSubjectError
+from deleatur.sqlitefile import scrubs_unwaited_during
 from deleatur.store.evidence import StoreEvidence
 
 from .conftest import MASTER, FakeClock, store_files
@@ -802,6 +805,25 @@ def test_account_ids_do_not_survive_in_the_process_caches(memory: Memory, store_
         memory.erase_all(user_id="cust_5521", request_id="ACC-9", basis=BASIS, requester="ops")
         assert cached_space.cache_info().currsize == 0
         assert all("cust_5521" not in repr(list(handle._tokens)) for handle in (memory, other))  # an idle one too
+    finally:
+        other.close()
+
+
+def test_a_stream_begun_before_an_erasure_leaves_no_erased_name_cached(memory: Memory, store_path: Path) -> None:
+    """A stream reads the store as it was when it began: its rows of an erased user, read
+    after the erasure emptied the caches, would have put the user's names back."""
+    memory.remember_many([NewMemory(f"x{i}", subject="s") for i in range(300)], space=Space("cust_5521"))
+    other = Memory.open(store_path, from_bytes(MASTER))
+    try:
+        stream = other.list(space=Space("cust_5521"))
+        next(stream)
+        # A long read, as a server tells its erasures (the -wal is truncated as it ends).
+        with scrubs_unwaited_during(lambda: True):
+            memory.erase_all(user_id="cust_5521", request_id="ACC-11", basis=BASIS, requester="ops")
+        assert cached_space.cache_info().currsize == 0
+        with contextlib.suppress(DataKeyDestroyedError):  # its keys may still be in the handle's cache
+            for _ in stream:
+                assert cached_space.cache_info().currsize == 0
     finally:
         other.close()
 

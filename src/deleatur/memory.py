@@ -104,6 +104,8 @@ from .model import (
     check_who,
     erased_ref,
     forget_cached_names,
+    forget_names_again_since,
+    names_forgotten,
     record_json,
     validate_text,
 )
@@ -612,13 +614,18 @@ class Memory:
     ) -> Call:
         self._take_turn()
         try:
-            return calls.enter(self, action, capability, users, request)
+            call = calls.enter(self, action, capability, users, request)
         except BaseException:
             self._shared.turn.release()
             raise
+        call.names_forgotten = names_forgotten()
+        return call
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
         try:
+            # A call that began before an erasure emptied the caches of names may have
+            # read, and cached, what it erased.
+            forget_names_again_since(call.names_forgotten)
             calls.leave(self, call, error)
             # Not while entries are deferred (in a read snapshot, or a server's group of
             # reads): the collection takes the write lock, which such a call never waits
@@ -1179,6 +1186,7 @@ class Memory:
             if self._shared.group is not None:
                 raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
             batch = AuditBatch(self)
+            began = names_forgotten()
             try:
                 with batch.collecting(), self.backend.snapshot():
                     self._shared.reading = True
@@ -1187,6 +1195,7 @@ class Memory:
                     finally:
                         self._shared.reading = False
             finally:
+                forget_names_again_since(began)  # the snapshot read what an erasure removed since
                 batch.write()
 
     def write_group(self) -> WriteGroup:
@@ -2125,10 +2134,15 @@ class Memory:
     def _in_turns(self, items: Generator[Record, None, None]) -> Iterator[Record]:
         """A stream whose every step reads the store in the handle's turn (see the class),
         as a call does: it is read after the call that made it has returned."""
+        began = names_forgotten()
         try:
             while True:
                 with self._turn():
-                    item = next(items, None)
+                    try:
+                        item = next(items, None)
+                    finally:
+                        # Its statement reads the store as it was when the stream began.
+                        forget_names_again_since(began)
                 if item is None:
                     return
                 yield item

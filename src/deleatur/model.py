@@ -165,6 +165,24 @@ def forget_cached_names() -> None:
         caches = list(_NAME_CACHES.values())
     for cache in caches:
         cache.clear()
+    _FORGOTTEN[0] += 1
+
+
+_FORGOTTEN = [0]  # a count updated in place: module state, as the caches are
+
+
+def names_forgotten() -> int:
+    """How many times this process has emptied its caches of names. What read the store
+    as it was before one of them (a call or a stream that began before, a read snapshot)
+    may have put an erased name back: it ends with :func:`forget_names_again_since`."""
+    return _FORGOTTEN[0]
+
+
+def forget_names_again_since(count: int) -> None:
+    """Empty the caches of names again if they have been emptied since ``count`` (a
+    :func:`names_forgotten`)."""
+    if _FORGOTTEN[0] != count:
+        forget_cached_names()
 
 
 class NameCache(dict[tuple[str, ...], str]):

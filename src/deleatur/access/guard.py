@@ -87,6 +87,8 @@ class Call:
     logged: bool = False
     audit: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    #: model.names_forgotten() as the call began.
+    names_forgotten: int = 0
 
 
 class Guarded(Protocol):
