@@ -157,15 +157,19 @@ ERASURES_MADE = "erasures.made"
 
 def forget_cached_names() -> None:
     """Empty the process's caches of names (subjects, user ids, spaces, and every
-    :class:`NameCache`): an erasure calls it, so an erased name does not outlive the
-    erasure there."""
+    :class:`NameCache`), and count it (:func:`names_forgotten`): an erasure calls it, so
+    an erased name does not outlive the erasure there."""
+    _empty_name_caches()
+    _FORGOTTEN[0] += 1
+
+
+def _empty_name_caches() -> None:
     _canonical.cache_clear()
     cached_space.cache_clear()
     with _NAME_CACHES_HELD:
         caches = list(_NAME_CACHES.values())
     for cache in caches:
         cache.clear()
-    _FORGOTTEN[0] += 1
 
 
 _FORGOTTEN = [0]  # a count updated in place: module state, as the caches are
@@ -179,10 +183,12 @@ def names_forgotten() -> int:
 
 
 def forget_names_again_since(count: int) -> None:
-    """Empty the caches of names again if they have been emptied since ``count`` (a
-    :func:`names_forgotten`)."""
+    """Empty the caches of names again if an erasure has emptied them since ``count`` (a
+    :func:`names_forgotten`). Not counted: this removes no name that work begun after
+    the erasure could have read, so counting it would have every call then in flight
+    empty the caches again as it ends, and so on while calls overlap."""
     if _FORGOTTEN[0] != count:
-        forget_cached_names()
+        _empty_name_caches()
 
 
 class NameCache(dict[tuple[str, ...], str]):
