@@ -7,7 +7,7 @@ with the gate's JSON-RPC error under the request's own id, since the client wait
 an answer to each request it sent; under a null id if the id cannot be told (the line
 is not JSON to its end, or its id is repeated, or neither a string nor an integer), as
 JSON-RPC has it. Any other message it refuses (a notification, a batch) is dropped,
-and said so on stderr. Either way the SDK never sees it.
+and said so on stderr, without naming the key. Either way the SDK never sees it.
 
 While the server runs, the process's stdin reads as empty and its stdout writes to
 stderr, through the SDK's own claim of the two (``mcp.server.stdio``): stray output of
@@ -70,7 +70,11 @@ class _Checked(anyio.AsyncFile[str]):
             if request:
                 await self._answers.write(json.dumps(jsonrpc_refusal(refused, request_id)) + "\n")
             else:
-                print(f"deleatur: dropped a message: {refused.message}", file=sys.stderr, flush=True)
+                # Not naming the key: a log's line, and a key of metadata may name a person.
+                print(_DROPPED, file=sys.stderr, flush=True)
+
+
+_DROPPED = "deleatur: dropped a message that the SDK would misread (a key repeated in one object, say)"
 
 
 def _request_id(line: str) -> tuple[bool, str | int | None]:
