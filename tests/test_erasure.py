@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import subprocess
 import sys
 from contextlib import AbstractContextManager
@@ -34,6 +35,7 @@ from deleatur.erasure.engine import (
 from deleatur.erasure.requests import ErasureRequest, RequestStatus, one_month_after
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry, EventType
+from deleatur.memory import keystore_path
 from deleatur.model import SpaceFilter, cached_space, names_forgotten
 from deleatur.rights.restriction import RestrictedSubjectError
 from deleatur.sqlitefile import scrubs_unwaited_during
@@ -831,6 +833,51 @@ def test_a_stream_begun_before_an_erasure_leaves_no_erased_name_cached(memory: M
         assert names_forgotten() == before + 1
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("reader", ["another handle", "the erasing handle"])
+def test_a_stream_begun_before_an_erasure_returns_none_of_the_erased_records(
+    memory: Memory, store_path: Path, reader: str
+) -> None:
+    """A stream reads the store as it was when it began; a record erased since, its data
+    key destroyed (through this handle or another), is skipped, and the others still come."""
+    u1 = Space("u1")
+    memory.remember_many([NewMemory(f"x{i}", subject="Alice Smith" if i % 2 else "Bob") for i in range(300)], space=u1)
+    for i in range(3):
+        memory.remember(f"Alice's phone {i}", subject="Alice Smith", key="alice::phone", space=u1)
+    other = Memory.open(store_path, from_bytes(MASTER))
+    try:
+        streaming = other if reader == "another handle" else memory
+        records = streaming.list(space=u1)
+        versions = streaming.versions("alice::phone", space=u1)
+        assert (next(records).text, next(versions).text) == ("x0", "Alice's phone 0")
+        with scrubs_unwaited_during(lambda: True):
+            done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+        assert done.counts["wal_not_truncated"] == 1  # the streams kept the -wal from being truncated
+        assert [r.text for r in records] == [f"x{i}" for i in range(2, 300, 2)]
+        assert list(versions) == []
+        assert [r.text for r in streaming.list(space=u1)] == [f"x{i}" for i in range(0, 300, 2)]
+        assert "wal_not_truncated" not in memory.erasure_request("DSAR-17").counts  # truncated now
+    finally:
+        other.close()
+
+
+def test_a_record_whose_key_was_destroyed_before_the_stream_began_is_reported(
+    memory: Memory, store_path: Path, tmp_path: Path
+) -> None:
+    """A database restored beside a later key store holds records no key opens: a stream
+    reports the first, as get() does, rather than skip what no erasure of its time removed."""
+    shredded = memory.remember("Carol's diagnosis", subject="Carol")
+    memory.backend.scrub()
+    backup = tmp_path / "backup.db"
+    shutil.copy(store_path, backup)
+    _erase(memory, "Carol")
+    shutil.copy(keystore_path(store_path), keystore_path(backup))
+    with Memory.open(backup, from_bytes(MASTER)) as restored:
+        with pytest.raises(DataKeyDestroyedError):
+            restored.get(shredded.id)
+        with pytest.raises(DataKeyDestroyedError):
+            list(restored.list())
 
 
 _HOLDER = """

@@ -57,6 +57,7 @@ from .erasure.residue import ResidueHit, scan
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
+    DataKeyDestroyedError,
     DeleaturError,
     IntegrityError,
     InvalidInputError,
@@ -2091,7 +2092,7 @@ class Memory:
             limit=limit,
             after=after,
         )
-        return self._in_turns(self._decrypt(row) for row in self.backend.select(where))
+        return self._in_turns(self.backend.select(where))
 
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
@@ -2111,7 +2112,7 @@ class Memory:
 
     def _key_rows(
         self, space: Space, key_ref: bytes, *, limit: int | None = None, after: str | None = None
-    ) -> Iterator[StoredRow]:
+    ) -> Generator[StoredRow, None, None]:
         """The rows of every version of a key, of every status, oldest first."""
         where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
         return self.backend.select(where)
@@ -2128,32 +2129,63 @@ class Memory:
         first = next(rows, None)
         if first is None and after is None:
             raise NotFoundError(NO_SUCH_KEY)
-        found = () if first is None else (first,)
-        return self._in_turns(self._decrypt(row) for row in itertools.chain(found, rows))
+        return self._in_turns(_after(first, rows))
 
-    def _in_turns(self, items: Generator[Record, None, None]) -> Iterator[Record]:
+    def _in_turns(self, rows: Generator[StoredRow, None, None]) -> Iterator[Record]:
         """A stream whose every step reads the store in the handle's turn (see the class),
-        as a call does: it is read after the call that made it has returned."""
-        began = names_forgotten()
+        as a call does: it is read after the call that made it has returned.
+
+        Its rows are those of the store as it was when it began; a record erased since
+        (its data key destroyed) is skipped, never returned from the erased past."""
+        # Taken in the call, which may have read the first row already.
+        return self._steps(rows, names_forgotten(), self.keys.changes())
+
+    def _steps(
+        self, rows: Generator[StoredRow, None, None], began: int, keys_began: tuple[int, int]
+    ) -> Generator[Record, None, None]:
         try:
             while True:
                 with self._turn():
                     try:
-                        item = next(items, None)
+                        record = self._next_readable(rows, keys_began)
                     finally:
                         # Its statement reads the store as it was when the stream began.
                         forget_names_again_since(began)
-                if item is None:
+                if record is None:
                     return
-                yield item
+                yield record
         finally:
             # Ends the read now, not when the stream is collected; but never waits for the
             # turn here, where a collection in any thread may have brought it.
             if self._shared.turn.try_acquire():
                 try:
-                    items.close()
+                    rows.close()
                 finally:
                     self._shared.turn.release()
+
+    def _next_readable(self, rows: Generator[StoredRow, None, None], keys_began: tuple[int, int]) -> Record | None:
+        """The stream's next record whose data key still exists; None at its end."""
+        # Steps are not calls, whose start notes another connection's key destruction.
+        self.keys.refresh()
+        for row in rows:
+            try:
+                return self._decrypt(row)
+            except DataKeyDestroyedError:
+                # A key destroyed before the stream began (a database restored beside a
+                # later key store) is reported, as get() reports it.
+                if self.keys.changes() == keys_began:
+                    raise
+        return None
+
+
+def _after(first: StoredRow | None, rows: Generator[StoredRow, None, None]) -> Generator[StoredRow, None, None]:
+    """``first``, read already, then ``rows``; closing it closes ``rows``."""
+    try:
+        if first is not None:
+            yield first
+        yield from rows
+    finally:
+        rows.close()
 
 
 def _holds_entries(store_path: Path) -> bool:

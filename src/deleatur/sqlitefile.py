@@ -468,7 +468,7 @@ def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     being truncated (SQLite waits for it up to the busy timeout, or not at all
     without ``wait``, or during a long read: see :func:`scrubs_unwaited_during`):
     then this returns False, and the caller must say so rather than claim the -wal
-    is clean. So does another connection's checkpoint (a :class:`WalCopier`'s, another
+    is clean; as it does if a statement of ``conn`` itself is still reading. So does another connection's checkpoint (a :class:`WalCopier`'s, another
     process's), which SQLite never waits for: this tries again, as long.
     """
     long_read = _LONG_READ.get()
@@ -486,6 +486,8 @@ def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
             tries += 1
     except apsw.BusyError:
         return False
+    except apsw.LockedError:
+        return False  # a statement of this connection (a stream its handle returned) is reading
     finally:
         if not wait:
             conn.set_busy_handler(_busy_handler())

@@ -137,7 +137,10 @@ class Backend(Protocol):
         more than ``common`` records, the newest matches come first, with score 0."""
         ...
 
-    def select(self, where: RowFilter) -> Iterator[StoredRow]: ...
+    def select(self, where: RowFilter) -> Generator[StoredRow, None, None]:
+        """The rows ``where`` names, in record id order, read as they are taken: closing
+        the generator ends the read."""
+        ...
 
     # -- erasure ----------------------------------------------------------------
 

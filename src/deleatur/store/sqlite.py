@@ -507,7 +507,7 @@ class SQLiteBackend:
             window *= 8
         return [(_row(r), 0.0) for r in rows]
 
-    def select(self, where: RowFilter) -> Iterator[StoredRow]:
+    def select(self, where: RowFilter) -> Generator[StoredRow, None, None]:
         sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE {_SPACE}"
         args: list[Any] = list(_space_args(where.tenant, where.space))
         if where.subject_ref is not None:
