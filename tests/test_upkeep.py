@@ -3,6 +3,7 @@ to a thread of their own, rather than each few hundredth commit waiting for it."
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import AccessDeniedError, Memory, Role, StoreError, sqlitefile
+from deleatur import AccessDeniedError, Memory, Role, StoreError, from_bytes, sqlitefile
 from deleatur.sqlitefile import WalCopier, connect
 from deleatur.store import sqlite as sqlite_store
 
@@ -121,6 +122,18 @@ def test_a_handle_runs_one_copier_until_it_closes(memory: Memory) -> None:
     assert len(_copiers()) == before
     with pytest.raises(StoreError, match="closed"):
         memory.upkeep_in_background()
+
+
+def test_a_handle_dropped_without_closing_stops_its_copier(store_path: Path) -> None:
+    """Its thread held the store's connection open for the life of the process."""
+    before = len(_copiers())
+    memory = Memory.open(store_path, from_bytes(bytes(32)), create=True)
+    memory.upkeep_in_background()
+    memory.remember("x", subject="s")
+    assert len(_copiers()) == before + 1
+    del memory
+    gc.collect()
+    assert len(_copiers()) == before
 
 
 class _PausingFile(apsw.VFSFile):

@@ -329,7 +329,9 @@ class WalCopier:
             return
         self._closing = True
         self._due.set()
-        self._thread.join()
+        # A collection in the thread itself may close it (the handle dropped unclosed).
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
         self._conn.wal_autocheckpoint(WAL_AUTOCHECKPOINT_PAGES)
 
 
@@ -468,8 +470,10 @@ def scrub(conn: apsw.Connection, *, wait: bool = True) -> bool:
     being truncated (SQLite waits for it up to the busy timeout, or not at all
     without ``wait``, or during a long read: see :func:`scrubs_unwaited_during`):
     then this returns False, and the caller must say so rather than claim the -wal
-    is clean; as it does if a statement of ``conn`` itself is still reading. So does another connection's checkpoint (a :class:`WalCopier`'s, another
-    process's), which SQLite never waits for: this tries again, as long.
+    is clean. So does another connection's checkpoint (a :class:`WalCopier`'s, another
+    process's), which SQLite never waits for: this tries again, as long. A statement
+    of ``conn`` itself that is still reading (a stream its handle returned) keeps it
+    too, and this returns False at once.
     """
     long_read = _LONG_READ.get()
     if long_read is not None and long_read():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -1044,6 +1045,9 @@ class SQLiteBackend:
     def upkeep_in_background(self) -> None:
         if self._wal_copier is None:
             self._wal_copier = WalCopier(self.path, self._conn, tidy=_merge_index_segments)
+            # A handle dropped without close() would leave the thread, and the store's
+            # connection it holds, open for the life of the process.
+            weakref.finalize(self, self._wal_copier.close)
 
     def close(self) -> None:
         if self._wal_copier is not None:
