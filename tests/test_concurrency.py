@@ -3,6 +3,7 @@ one handle."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import subprocess
 import sys
@@ -271,6 +272,47 @@ def test_a_close_waiting_for_a_group_whose_thread_then_ends_rolls_it_back(store_
         memory.remember("on the closed handle", subject="Other")
     with Memory.open(store_path, from_bytes(MASTER)) as reopened:
         assert [*reopened.list()] == []
+
+
+def _calls_audited(store_path: Path) -> list[str]:
+    with Memory.open(store_path, from_bytes(MASTER)) as reopened:
+        assert reopened.verify_log().ok
+        return [e.entry.fields["action"] for e in reopened.audit_entries(calls_only=True)]
+
+
+@pytest.mark.parametrize("closed_by", ["another thread, its own having ended", "its own thread, in the block"])
+def test_closing_the_handle_ends_a_read_snapshot_left_open_and_audits_its_calls(
+    store_path: Path, closed_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calls made in the snapshot were answered: their entries, written as the block
+    ends, are written as the handle closes (close() used to fail, beginning its write in
+    the snapshot's read transaction, and they were lost). The block, ended later or
+    collected in another thread, ends nothing more, and raises nothing."""
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    memory, _ = Memory.init(store_path, from_bytes(MASTER))
+    record = memory.remember("Grace's note", subject="Grace")
+    left_open: list[AbstractContextManager[None]] = []
+
+    def read_and_leave_open() -> None:
+        snapshot = memory.read_snapshot()
+        snapshot.__enter__()
+        left_open.append(snapshot)
+        assert memory.get(record.id).text == "Grace's note"
+
+    if closed_by.startswith("another thread"):
+        assert _in_a_thread(read_and_leave_open) is None
+        memory.close()
+        left_open.clear()
+        gc.collect()
+    else:
+        read_and_leave_open()
+        memory.close()
+        left_open.pop().__exit__(None, None, None)
+    assert unraisable == []
+    with pytest.raises(StoreError, match="closed"):
+        memory.get(record.id)
+    assert _calls_audited(store_path)[-3:] == ["remember", "get", "audit.show"]  # the last, reading them
 
 
 def _each_in_a_thread_of_its_own(*steps: Callable[[], object]) -> list[BaseException]:

@@ -491,7 +491,8 @@ class Memory:
         """Close the store; closing it again does nothing. A view made by
         :meth:`as_principal` owns nothing: closing it does nothing, and the handle that
         opened the store closes it. A call another thread is making on the handle ends
-        first. A write group left open by a thread that has ended is rolled back."""
+        first. A write group left open by a thread that has ended is rolled back; a read
+        snapshot left open is ended, and the entries of the calls made in it written."""
         if not self._owner:
             return
         turn = self._shared.turn
@@ -517,6 +518,8 @@ class Memory:
         group = self._shared.group
         finished = False
         try:
+            if self._shared.reading:
+                self._end_snapshot_left_open()
             if group is not None:
                 if abandoned:
                     group.roll_back_abandoned()
@@ -537,6 +540,19 @@ class Memory:
                     self.keys.close()
                 finally:
                     self.backend.close()
+
+    def _end_snapshot_left_open(self) -> None:
+        """A read snapshot is open as the handle closes (in the closing thread, or one that
+        has ended without ending it): end it, and write the entries of the calls made in
+        it, whose answers were returned; its block, if it ever ends, then ends nothing."""
+        entries = self._shared.deferred or []
+        self._shared.deferred = None
+        self._shared.reading = False
+        self.backend.end_snapshot()
+        if entries:
+            with self._logged(audit_only=True) as events:
+                events.extend((entry, None) for entry in entries)
+            entries.clear()
 
     # -- principals, authorization and the audit of calls --------------------------
 
@@ -664,7 +680,10 @@ class Memory:
         try:
             yield
         finally:
-            self._shared.turn.release()
+            # A block a thread left open as it ended (a read snapshot) may end only when it
+            # is collected, in any thread, after close() took its turn over and gave it back.
+            if not self._shared.closed or self._shared.turn.holds():
+                self._shared.turn.release()
 
     def _collect_unsettled_keys(self) -> None:
         """Destroy the keys this handle made for writes that did not commit (refused or

@@ -106,6 +106,11 @@ class Turn:
             if self._waiting:
                 self._changed.notify()
 
+    def holds(self) -> bool:
+        """Whether the calling thread holds the turn."""
+        holder = self._holder
+        return holder is not None and holder[0]() is _mine()
+
     def take_over(self) -> bool:
         """If the thread that holds the turn has ended, the calling thread holds it now
         (once: release it once) and True; else False, changing nothing. Of two threads

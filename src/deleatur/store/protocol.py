@@ -96,6 +96,12 @@ class Backend(Protocol):
         (which it does on entry), whatever other connections commit meanwhile."""
         ...
 
+    def end_snapshot(self) -> None:
+        """End the open :meth:`snapshot`'s read transaction now, before its block ends (a
+        handle closing while it is open); its block then ends nothing. No snapshot open:
+        nothing."""
+        ...
+
     def deferred_index(self) -> AbstractContextManager[None]:
         """Inside ``atomic``: the index writes of ``insert_many`` and ``unindex`` are made
         together when it exits (not at all if it raises), or before a ``search`` reads the

@@ -206,6 +206,7 @@ class SQLiteBackend:
         conn.register_fts5_function(_BM25, _bm25)
         self._deferred: HeldIndex | None = None  # while a deferred_index() block is open
         self._depth = 0  # atomic() blocks open
+        self._in_snapshot = False
         self._wal_copier: WalCopier | None = None
 
     @classmethod
@@ -250,10 +251,16 @@ class SQLiteBackend:
     @contextmanager
     def snapshot(self) -> Iterator[None]:
         self._conn.execute("BEGIN").fetchall()
+        self._in_snapshot = True
         try:
             self._conn.execute("SELECT count(*) FROM log_entries").fetchall()  # the snapshot begins here
             yield
         finally:
+            self.end_snapshot()
+
+    def end_snapshot(self) -> None:
+        if self._in_snapshot:
+            self._in_snapshot = False
             self._conn.execute("ROLLBACK").fetchall()
 
     @contextmanager
