@@ -23,6 +23,7 @@ from deleatur import (
     NotFoundError,
     Role,
     Space,
+    StoreError,
     from_bytes,
 )
 from deleatur.clock import isoformat
@@ -839,27 +840,49 @@ def test_a_stream_begun_before_an_erasure_leaves_no_erased_name_cached(memory: M
 def test_a_stream_begun_before_an_erasure_returns_none_of_the_erased_records(
     memory: Memory, store_path: Path, reader: str
 ) -> None:
-    """A stream reads the store as it was when it began; a record erased since, its data
-    key destroyed (through this handle or another), is skipped, and the others still come."""
+    """A stream reads the store a page at a time: a record erased while it is read (its
+    data key destroyed, or kept, as a record derived from the subject's but about another
+    is) is not returned after the erasure, through this handle or another; the others
+    still come, and no stream keeps the -wal from being truncated."""
     u1 = Space("u1")
-    memory.remember_many([NewMemory(f"x{i}", subject="Alice Smith" if i % 2 else "Bob") for i in range(300)], space=u1)
+    memory.remember_many([NewMemory(f"x{i}", subject="Alice Smith" if i % 2 else "Bob") for i in range(600)], space=u1)
     for i in range(3):
         memory.remember(f"Alice's phone {i}", subject="Alice Smith", key="alice::phone", space=u1)
+    source = next(memory.list(space=u1, subject="Alice Smith"))
+    derived = memory.remember("Team: Alice Smith moved", subject="Team", derived_from=[source.id], space=u1)
+    memory.remember("Team lunch", subject="Team", space=u1)
     other = Memory.open(store_path, from_bytes(MASTER))
     try:
         streaming = other if reader == "another handle" else memory
         records = streaming.list(space=u1)
         versions = streaming.versions("alice::phone", space=u1)
         assert (next(records).text, next(versions).text) == ("x0", "Alice's phone 0")
-        with scrubs_unwaited_during(lambda: True):
-            done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
-        assert done.counts["wal_not_truncated"] == 1  # the streams kept the -wal from being truncated
-        assert [r.text for r in records] == [f"x{i}" for i in range(2, 300, 2)]
+        assert derived.id in [r.id for r in streaming.list(space=u1)]
+        done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+        assert derived.id in done.record_ids and "wal_not_truncated" not in done.counts
+        assert [r.text for r in records] == [*(f"x{i}" for i in range(2, 600, 2)), "Team lunch"]
         assert list(versions) == []
-        assert [r.text for r in streaming.list(space=u1)] == [f"x{i}" for i in range(0, 300, 2)]
-        assert "wal_not_truncated" not in memory.erasure_request("DSAR-17").counts  # truncated now
     finally:
         other.close()
+
+
+def test_a_versions_stream_returns_no_value_a_rectification_erased_meanwhile(memory: Memory) -> None:
+    for i in range(3):
+        memory.remember(f"Bob's phone {i}", subject="Bob", key="bob::phone")
+    versions = memory.versions("bob::phone")
+    assert next(versions).text == "Bob's phone 0"
+    memory.rectify("bob::phone", "Bob's phone 3", reason="wrong", actor="dpo", erase_previous=True)
+    assert [r.text for r in versions] == ["Bob's phone 3"]
+
+
+def test_a_stream_read_after_its_handle_closed_says_so(store_path: Path) -> None:
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.remember("x", subject="s")
+        begun, unread = memory.list(), memory.list()
+        assert next(begun).text == "x"
+    for stream in (begun, unread):
+        with pytest.raises(StoreError, match="closed"):
+            next(stream)
 
 
 def test_a_record_whose_key_was_destroyed_before_the_stream_began_is_reported(

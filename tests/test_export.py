@@ -465,3 +465,34 @@ def test_the_exports_checkpoint_covers_the_entries_it_lists(store_path: Path) ->
     listed = [item["index"] for record in data["records"] for item in record["log"]]
     assert listed and max(listed) < size
     memory.close()
+
+
+def test_an_export_exports_nothing_erased_while_it_runs(memory: Memory, store_path: Path) -> None:
+    """An export reads the store a page at a time, holding no read while it writes: an
+    erasure through another handle meanwhile truncates the -wal at once, and none of the
+    records it removed (the subject's, and one derived from them about another subject,
+    whose key stays) is exported after it, in the page being written or the next."""
+    u1 = Space("u1")
+    memory.remember_many([NewMemory(f"x{i}", subject="Alice" if i % 2 else "Bob") for i in range(1500)], space=u1)
+    source = next(memory.list(space=u1, subject="Alice"))
+    derived = memory.remember("Team: Alice moved", subject="Team", derived_from=[source.id], space=u1)
+    memory.remember("Team lunch", subject="Team", space=u1)
+    erased: list[dict[str, int]] = []
+
+    class ErasingMidway(io.StringIO):
+        def write(self, text: str, /) -> int:
+            if self.tell() > 20_000 and not erased:
+                with Memory.open(store_path, from_bytes(MASTER)) as other:
+                    done = other.erase("Alice", request_id="R1", basis="Art. 17(1)(a)", requester="dpo")
+                erased.append(done.request.counts)  # type: ignore[union-attr]
+                self.erased_at = self.tell()
+            return super().write(text)
+
+    out = ErasingMidway()
+    counts = memory.export_json(out, user_id="u1")
+    assert erased and "wal_not_truncated" not in erased[0]
+    after = out.getvalue()[out.erased_at :]
+    assert '"subject": "alice"' not in after and derived.id not in after
+    assert '"text": "x1498"' in after and '"text": "Team lunch"' in after  # the rest is exported
+    document = json.loads(out.getvalue())
+    assert counts["records"] == len(document["records"]) == document["counts"]["records"] < 1502

@@ -15,9 +15,10 @@ import os
 import re
 import threading
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -115,7 +116,7 @@ from .rights.export import TextSink, export_csv, export_json
 from .rights.restriction import Restriction, check_writable, restrict, restrictions, unrestrict
 from .rights.retention import policy, prune_audit, purge, retention_for, set_policy
 from .sqlitefile import BUSY_TIMEOUT_MS, create_private, sidecar_files
-from .store.protocol import Backend, LineageStub, RowFilter, SpaceRefs, StoredRow
+from .store.protocol import Backend, LineageStub, RemovalMark, RowFilter, SpaceRefs, StoredRow
 from .store.sqlite import SQLiteBackend
 from .turn import AbandonedTurn, Turn
 
@@ -146,6 +147,8 @@ _MAX_QUERY_TERMS = 32
 _COMMON_TERM_DOCS = 10_000
 #: A query term found in more records than this counts only in its newest this many.
 _TERM_CANDIDATES = 250
+#: Records a list or versions stream reads at once (see Memory._stream).
+_STREAM_PAGE = 256
 #: Why :meth:`Memory.history` finds nothing: the servers, which page the versions, say it too.
 NO_SUCH_KEY = "no record with this key in this space"
 RECTIFY_NEEDS_REASON = "rectify needs a reason"
@@ -2095,7 +2098,9 @@ class Memory:
     ) -> Iterator[Record]:
         """Records of one space, oldest first, streamed; active ones unless ``include_history``.
         ``after`` continues from a record id (pages for remote callers). The arguments are
-        checked (and the call audited) when it is made, not when the first record is read."""
+        checked (and the call audited) when it is made, not when the first record is read.
+        The store is read a page at a time: a record removed (erased, purged) while the
+        stream is read is not returned after its removal, and one added may be."""
         check_type(space, Space, "space")
         check_type(include_history, bool, "include_history")
         if after is not None:
@@ -2111,7 +2116,7 @@ class Memory:
             limit=limit,
             after=after,
         )
-        return self._in_turns(self.backend.select(where))
+        return self._stream(_Paging(where))
 
     @guarded("history", R, in_space)
     def history(self, key: str, *, space: Space = DEFAULT_SPACE) -> builtins.list[Record]:
@@ -2129,12 +2134,9 @@ class Memory:
         when the call is made; after a cursor, a page may hold none."""
         return self._versions(key, space, limit=limit, after=after)
 
-    def _key_rows(
-        self, space: Space, key_ref: bytes, *, limit: int | None = None, after: str | None = None
-    ) -> Generator[StoredRow, None, None]:
+    def _key_rows(self, space: Space, key_ref: bytes) -> Generator[StoredRow, None, None]:
         """The rows of every version of a key, of every status, oldest first."""
-        where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
-        return self.backend.select(where)
+        return self.backend.select(RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status)))
 
     def _versions(self, key: str, space: Space, *, limit: int | None, after: str | None) -> Iterator[Record]:
         check_type(space, Space, "space")
@@ -2142,69 +2144,97 @@ class Memory:
             check_record_id(after, "after")
         if limit is not None:
             check_int(limit, "limit", low=1)
-        rows = self._key_rows(space, self._key_ref(space, canonical_key(key)), limit=limit, after=after)
-        # The first is read now, so that an unknown key fails inside the guarded call,
-        # which audits it as a failed one.
-        first = next(rows, None)
-        if first is None and after is None:
+        key_ref = self._key_ref(space, canonical_key(key))
+        where = RowFilter(self.tenant, space, key_ref=key_ref, statuses=frozenset(Status), limit=limit, after=after)
+        paging = _Paging(where)
+        # The first page is read now, so that an unknown key fails inside the guarded
+        # call, which audits it as a failed one.
+        self._read_page(paging)
+        if not paging.rows and after is None:
             raise NotFoundError(NO_SUCH_KEY)
-        return self._in_turns(_after(first, rows))
+        return self._stream(paging)
 
-    def _in_turns(self, rows: Generator[StoredRow, None, None]) -> Iterator[Record]:
-        """A stream whose every step reads the store in the handle's turn (see the class),
-        as a call does: it is read after the call that made it has returned.
+    def _stream(self, paging: _Paging) -> Generator[Record, None, None]:
+        """The records ``paging`` reads, a page at a time, each step in the handle's turn
+        (see the class), as a call: a stream is read after the call that made it returned.
+        No read stays open between steps (none keeps the -wal from being truncated), and
+        a record removed (erased, purged) while the stream is read is not returned after
+        its removal: the page is read again, from the last record returned."""
+        while True:
+            with self._turn():
+                if self._shared.closed:
+                    raise StoreError("this store handle is closed: open the store again")
+                record = self._next_record(paging)
+            if record is None:
+                return
+            yield record
 
-        Its rows are those of the store as it was when it began; a record erased since
-        (its data key destroyed) is skipped, never returned from the erased past."""
-        # Taken in the call, which may have read the first row already.
-        return self._steps(rows, names_forgotten(), self.keys.changes())
-
-    def _steps(
-        self, rows: Generator[StoredRow, None, None], began: int, keys_began: tuple[int, int]
-    ) -> Generator[Record, None, None]:
-        try:
-            while True:
-                with self._turn():
-                    try:
-                        record = self._next_readable(rows, keys_began)
-                    finally:
-                        # Its statement reads the store as it was when the stream began.
-                        forget_names_again_since(began)
-                if record is None:
-                    return
-                yield record
-        finally:
-            # Ends the read now, not when the stream is collected; but never waits for the
-            # turn here, where a collection in any thread may have brought it.
-            if self._shared.turn.try_acquire():
-                try:
-                    rows.close()
-                finally:
-                    self._shared.turn.release()
-
-    def _next_readable(self, rows: Generator[StoredRow, None, None], keys_began: tuple[int, int]) -> Record | None:
-        """The stream's next record whose data key still exists; None at its end."""
-        # Steps are not calls, whose start notes another connection's key destruction.
-        self.keys.refresh()
-        for row in rows:
+    def _next_record(self, paging: _Paging) -> Record | None:
+        while True:
+            if paging.rows and self.backend.removed_since(paging.mark):
+                paging.read_again()
+            if not paging.rows:
+                if paging.ended:
+                    return None
+                self._read_page(paging)
+                continue
+            row = paging.rows.popleft()
             try:
-                return self._decrypt(row)
+                record = self._decrypt(row)
             except DataKeyDestroyedError:
-                # A key destroyed before the stream began (a database restored beside a
-                # later key store) is reported, as get() reports it.
-                if self.keys.changes() == keys_began:
+                # Erased by another process since the page was read (its keys destroyed
+                # after its removal committed), or a database restored beside a later key
+                # store, whose records are reported as get() reports them.
+                if not self.backend.removed_since(paging.mark):
                     raise
-        return None
+                paging.read_again()
+                continue
+            paging.taken(row.id)
+            return record
+
+    def _read_page(self, paging: _Paging) -> None:
+        began = names_forgotten()
+        paging.mark = self.backend.removal_mark()  # before the read: a removal during it shows
+        try:
+            paging.read(self.backend.select(replace(paging.where, after=paging.last, limit=paging.wanted())))
+        finally:
+            # A removal through another handle of this process, in another thread, may
+            # have emptied the caches of names while this read made rows of what it removed.
+            forget_names_again_since(began)
 
 
-def _after(first: StoredRow | None, rows: Generator[StoredRow, None, None]) -> Generator[StoredRow, None, None]:
-    """``first``, read already, then ``rows``; closing it closes ``rows``."""
-    try:
-        if first is not None:
-            yield first
-        yield from rows
-    finally:
-        rows.close()
+@dataclass(slots=True)
+class _Paging:
+    """A stream's place: ``where`` read a page at a time, after the last record returned."""
+
+    where: RowFilter
+    rows: deque[StoredRow] = field(default_factory=deque)
+    mark: RemovalMark = field(default_factory=lambda: RemovalMark(-1, -1, None))
+    last: str | None = None
+    left: int | None = None  # records still to return, if ``where`` has a limit
+    ended: bool = False  # the last page read was the last one
+
+    def __post_init__(self) -> None:
+        self.last, self.left = self.where.after, self.where.limit
+
+    def wanted(self) -> int:
+        return _STREAM_PAGE if self.left is None else min(_STREAM_PAGE, self.left)
+
+    def read(self, rows: Iterable[StoredRow]) -> None:
+        wanted = self.wanted()
+        self.rows.extend(rows)
+        self.ended = len(self.rows) < wanted
+
+    def read_again(self) -> None:
+        """From the last record returned: the rows read may hold some removed since."""
+        self.rows.clear()
+        self.ended = self.left == 0
+
+    def taken(self, record_id: str) -> None:
+        self.last = record_id
+        if self.left is not None:
+            self.left -= 1
+            self.ended = self.ended or self.left == 0
 
 
 def _holds_entries(store_path: Path) -> bool:

@@ -154,6 +154,11 @@ def canonical_subject(original: str) -> str:
 #: (Memory._refresh), as the erasing process does at once.
 ERASURES_MADE = "erasures.made"
 
+#: The store setting in which every hard removal of records (an erasure's, a purge's, a
+#: rectification's erase-previous) counts itself, in its transaction: a stream reading
+#: the store a page at a time reads its page again, without what went, when it moves.
+REMOVALS_MADE = "records.removed"
+
 
 def forget_cached_names() -> None:
     """Empty the process's caches of names (subjects, user ids, spaces, and every

@@ -1,7 +1,9 @@
 """Access and portability (Art. 15 and 20): everything held about a subject or a user.
 
-The export is streamed (records are read, decrypted and written one batch at a
-time, never all held in memory) and never truncated. Two formats:
+The export is streamed (records are read, decrypted and written one page at a
+time, never all held in memory, no read of the store open while they are written)
+and never truncated; a record removed (erased, purged) while it runs is not exported
+after its removal. Two formats:
 
 * JSON, schema ``deleatur-export/v1``::
 
@@ -44,8 +46,8 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Generator, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -56,7 +58,6 @@ from ..erasure.requests import ErasureRequest, RequestKind, is_request_id, user_
 from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
-from ..store.protocol import StoredRow
 from .restriction import restrictions
 
 if TYPE_CHECKING:
@@ -180,33 +181,40 @@ class _Export:
     def scope_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "user_id": self.scope.user_id}
 
-    def batches(self) -> Generator[list[tuple[Record, list[dict[str, Any]]]], None, None]:
-        """The records, a batch at a time, read as they go: the read of the store lasts
-        until the last batch, or until the generator is closed. Callers close it even when
-        they fail: a failure's traceback, kept to report it, would keep the read open, and
-        with it the -wal that a removal must truncate."""
-        with closing(self.memory.backend.select_any(self.memory.tenant, self.scope, subject_ref=self.ref)) as rows:
-            batch: list[StoredRow] = []
-            for row in rows:
-                batch.append(row)
-                if len(batch) == _BATCH:
-                    yield self._decrypted(batch)
-                    batch = []
-            if batch:
-                yield self._decrypted(batch)
+    def exported(self) -> Iterator[tuple[Record, list[dict[str, Any]]]]:
+        """The records with their log entries, read a page at a time: no read stays open
+        while the caller writes them out (at the pace of a client reading it, for a
+        server), and a record removed (erased, purged) meanwhile is not exported after its
+        removal: the page is read again, from the last record exported."""
+        backend = self.memory.backend
+        after = 0
+        while True:
+            mark = backend.removal_mark()
+            page = backend.select_any_page(
+                self.memory.tenant, self.scope, subject_ref=self.ref, after=after, limit=_BATCH
+            )
+            log: dict[str, list[dict[str, Any]]] = {row.id: [] for _, row in page}
+            for record_id, index, raw in backend.log_of_records(list(log)):
+                log[record_id].append({"index": index, "entry": json.loads(raw)})
+            for position, row in page:
+                if backend.removed_since(mark):
+                    break
+                record = self.memory._decrypt(row)
+                self._count(row.id, log[row.id])
+                after = position
+                yield record, log[row.id]
+            else:
+                if len(page) < _BATCH:
+                    return
 
-    def _decrypted(self, rows: list[StoredRow]) -> list[tuple[Record, list[dict[str, Any]]]]:
-        log: dict[str, list[dict[str, Any]]] = {r.id: [] for r in rows}
-        for record_id, index, raw in self.memory.backend.log_of_records([r.id for r in rows]):
-            log[record_id].append({"index": index, "entry": json.loads(raw)})
-        self.records += len(rows)
-        self.log_entries += sum(len(v) for v in log.values())
-        used = self.memory.backend.decisions_using(self.memory.tenant, log)
+    def _count(self, record_id: str, log: list[dict[str, Any]]) -> None:
+        self.records += 1
+        self.log_entries += len(log)
+        used = self.memory.backend.decisions_using(self.memory.tenant, [record_id])
         if used:
             # Only the ids of records some decision used are kept, to pick their beliefs out.
             self.decision_ids.update(used)
-            self.exported_ids.update(log)
-        return [(self.memory._decrypt(r), log[r.id]) for r in rows]
+            self.exported_ids.add(record_id)
 
     def requests(self) -> list[dict[str, Any]]:
         """The requests about the subject; for a user, those that reached the user and no
@@ -327,11 +335,9 @@ def export_json(
     out.write(json.dumps(head, ensure_ascii=False)[:-1])
     out.write(', "scope": ' + json.dumps(job.scope_json(), ensure_ascii=False) + ', "records": [')
     first = True
-    with closing(job.batches()) as batches:
-        for batch in batches:
-            for record, log in batch:
-                out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
-                first = False
+    for record, log in job.exported():
+        out.write(("" if first else ",\n") + json.dumps({**record.to_json(), "log": log}, ensure_ascii=False))
+        first = False
     requests = job.requests()
     out.write('], "erasure_requests": ' + json.dumps(requests, ensure_ascii=False))
     out.write(', "restrictions": ' + json.dumps(job.restrictions(), ensure_ascii=False))
@@ -388,15 +394,13 @@ def _write_bundle(memory: Memory, job: _Export, directory: Path) -> None:
         log = csv.writer(log_file)
         records.writeheader()
         log.writerow(["record_id", "index", "entry"])
-        with closing(job.batches()) as batches:
-            for batch in batches:
-                for record, entries in batch:
-                    row = record.to_json()
-                    row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
-                    row["derived_from"] = " ".join(row["derived_from"])
-                    records.writerow(_inert(row))
-                    for item in entries:
-                        log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
+        for record, entries in job.exported():
+            row = record.to_json()
+            row["metadata"] = json.dumps(row["metadata"], ensure_ascii=False)
+            row["derived_from"] = " ".join(row["derived_from"])
+            records.writerow(_inert(row))
+            for item in entries:
+                log.writerow([record.id, item["index"], json.dumps(item["entry"], sort_keys=True)])
     requests = job.requests()
     _write_table(directory / "erasure_requests.csv", requests)
     _write_table(directory / "restrictions.csv", job.restrictions())

@@ -493,9 +493,9 @@ def _erasure_accepted(result: ErasureResult) -> JSONResponse:
 
 
 class _LongReads:
-    """The reads the server makes on handles of its own that last as long as a client or
-    a large log makes them (a streamed export, a whole-log verification), each keeping
-    the -wal from being truncated meanwhile. Called, it says whether one is live, in this
+    """The reads the server makes on handles of its own that last as long as a large log
+    makes them (a whole-log verification), each keeping the -wal from being truncated
+    meanwhile. Called, it says whether one is live, in this
     process or, marked beside the store (sqlitefile.long_read), in another (a worker of
     ``--workers N``, another server): while one is, a request's scrub waits for no
     reader (sqlitefile.scrubs_unwaited_during), and as each ends its handle truncates
@@ -575,7 +575,6 @@ class _ChunkWriter:
 
 async def _stream_export(
     exports: Exports,
-    long_reads: _LongReads,
     open_memory: Callable[[], Memory],
     api_key: str,
     subject: str | None,
@@ -587,9 +586,9 @@ async def _stream_export(
     aborts the response (no final chunk), so a client cannot take a cut export for a
     whole one. The caller has counted the export in ``exports``.
 
-    The export reads the store for as long as its client takes to read the response: a
-    long read, which no scrub waits for; as it ends, before the response does, its
-    handle truncates the -wal if a removal made meanwhile could not."""
+    The export reads the store a page at a time, no read open while it waits for its
+    client: a removal meanwhile truncates the -wal at once, and what it removed is not
+    exported after it (see Memory.export_json)."""
     chunks: queue.Queue[object] = queue.Queue(maxsize=4)
     stop = threading.Event()
     writer = _ChunkWriter(chunks, stop)
@@ -597,7 +596,7 @@ async def _stream_export(
     def run() -> None:
         try:
             # The library's export ends its reads as it returns or raises.
-            with open_memory() as memory, long_reads.of(memory):
+            with open_memory() as memory:
                 as_caller(memory, api_key).export_json(writer, subject=subject, user_id=user_id)
                 writer.flush()
             writer.put(_DONE)
@@ -751,8 +750,8 @@ def create_app(
     # where under steady load the queue never empties.
     turn = asyncio.Lock()
     retrying = asyncio.Lock()  # held by the refused request now trying again
-    # A scrub would wait for an export's or a verification's read for as long as it
-    # lasts, holding the handle, and with one handle `turn` too: none does meanwhile.
+    # A scrub would wait for a verification's read for as long as it lasts, holding the
+    # handle, and with one handle `turn` too: none does meanwhile.
     long_reads = _LongReads()
 
     async def serve(
@@ -829,8 +828,8 @@ def create_app(
             if handles != 1:
                 return await anyio.to_thread.run_sync(work, limiter=workers)
             async with turn:
-                # An export thread holds a read snapshot that a call's WAL checkpoint
-                # waits for: the loop must keep draining the export meanwhile. Nor before
+                # An export thread's reads, brief as they are, would have a call's WAL
+                # checkpoint wait in the loop, which must keep draining the export. Nor before
                 # the handle is open: opening finishes what a crash left (keys to
                 # destroy, a -wal to truncate), which may wait for other connections.
                 if in_loop and not exports.live and pool.idle:
@@ -1353,7 +1352,7 @@ def create_app(
         erasure in the disk's free blocks). A refusal comes as an error status; a failure
         after the first bytes can only cut the stream short, which leaves invalid JSON."""
         exports.begin()
-        chunks = await _stream_export(exports, long_reads, open_memory, _API_KEY.get(), subject, user_id)
+        chunks = await _stream_export(exports, open_memory, _API_KEY.get(), subject, user_id)
         return StreamingResponse(chunks, media_type="application/json")
 
     # -- the log ---------------------------------------------------------------------------

@@ -82,6 +82,16 @@ class RowFilter:
     after: str | None = None  # only ids greater than this one (a page's cursor)
 
 
+@dataclass(slots=True)
+class RemovalMark:
+    """Where the store's removals of records stood when a read began (see
+    :meth:`Backend.removed_since`)."""
+
+    own: int  # this connection's removals
+    version: int  # data_version: other connections' commits
+    count: str | None  # the store's count of removals (REMOVALS_MADE)
+
+
 class Backend(Protocol):
     store_id: str
 
@@ -155,6 +165,13 @@ class Backend(Protocol):
     ) -> Generator[StoredRow, None, None]:
         """Rows of every status in the spaces ``where`` matches (optionally of one subject),
         read as they are taken: closing the generator ends the read."""
+        ...
+
+    def select_any_page(
+        self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None, after: int, limit: int
+    ) -> list[tuple[int, StoredRow]]:
+        """Up to ``limit`` of :meth:`select_any`'s rows, in its order, each with its
+        position: those after the position ``after`` (0: from the first)."""
         ...
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
@@ -269,7 +286,18 @@ class Backend(Protocol):
 
     def purge(self, record_ids: Iterable[str]) -> int:
         """Hard-delete rows and their lineage (inside ``atomic``; unindex active rows
-        first), and the lineage stubs nothing derives from any more."""
+        first), and the lineage stubs nothing derives from any more; counted in the
+        store, in the same transaction, for :meth:`removed_since`."""
+        ...
+
+    def removal_mark(self) -> RemovalMark:
+        """Where the store's removals of records stand now."""
+        ...
+
+    def removed_since(self, mark: RemovalMark) -> bool:
+        """Whether records may have been removed since ``mark`` was taken, by this
+        connection or another (outside a read transaction: one sees none). Reads nothing
+        while no other connection has committed; ``mark`` takes up their other commits."""
         ...
 
     def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:

@@ -16,10 +16,10 @@ import apsw
 
 from ..clock import Clock
 from ..errors import NotFoundError, StoreError
-from ..model import Space, SpaceFilter, Status, cached_space
+from ..model import REMOVALS_MADE, Space, SpaceFilter, Status, cached_space
 from ..sqlitefile import WalCopier, connect, data_version, immediate, savepoint, scrub, sidecar_files
 from .heldindex import HeldIndex
-from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RowFilter, SpaceRefs, StoredRow
+from .protocol import WAL_NOT_TRUNCATED, LineageStub, Node, RemovalMark, RowFilter, SpaceRefs, StoredRow
 from .schema import identify, prepare
 
 V = TypeVar("V")
@@ -165,6 +165,21 @@ def _equal_where_given(pairs: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]
     return "".join(f" AND {column} = ?" for column, _ in given), [value for _, value in given]
 
 
+def _any_of(tenant: str, where: SpaceFilter, subject_ref: bytes | None) -> tuple[str, list[Any]]:
+    """The FROM and WHERE of select_any's rows. In insertion order (rowid), which the
+    (tenant, user_id) and (tenant, subject_ref) indexes hold: no sort, so rows stream
+    with flat memory, and a page begins with one seek."""
+    filters, args = _equal_where_given(
+        [
+            ("r.subject_ref", subject_ref),
+            ("r.user_id", where.user_id),
+            ("r.agent_id", where.agent_id),
+            ("r.run_id", where.run_id),
+        ]
+    )
+    return f"FROM records r WHERE r.tenant = ?{filters}", [tenant, *args]
+
+
 def _chunks(values: Iterable[V]) -> Iterator[list[V]]:
     """``values``, each once, in lists short enough to bind in one IN (...)."""
     wanted = list(dict.fromkeys(values))
@@ -207,6 +222,7 @@ class SQLiteBackend:
         self._deferred: HeldIndex | None = None  # while a deferred_index() block is open
         self._depth = 0  # atomic() blocks open
         self._in_snapshot = False
+        self._removals = 0  # purges by this connection, whose commits leave data_version as it is
         self._wal_copier: WalCopier | None = None
 
     @classmethod
@@ -539,19 +555,19 @@ class SQLiteBackend:
     def select_any(
         self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None
     ) -> Generator[StoredRow, None, None]:
-        filters, args = _equal_where_given(
-            [
-                ("r.subject_ref", subject_ref),
-                ("r.user_id", where.user_id),
-                ("r.agent_id", where.agent_id),
-                ("r.run_id", where.run_id),
-            ]
-        )
-        sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ?{filters}"
-        # Insertion order (rowid), which the (tenant, user_id) and (tenant, subject_ref)
-        # indexes hold: no sort, so rows stream with flat memory.
-        for values in self._conn.execute(sql + " ORDER BY r.rowid", (tenant, *args)):
+        sql, args = _any_of(tenant, where, subject_ref)
+        for values in self._conn.execute(f"SELECT {_R_COLUMNS}, {_LINEAGE} {sql} ORDER BY r.rowid", args):
             yield _row(values)
+
+    def select_any_page(
+        self, tenant: str, where: SpaceFilter, *, subject_ref: bytes | None = None, after: int, limit: int
+    ) -> list[tuple[int, StoredRow]]:
+        sql, args = _any_of(tenant, where, subject_ref)
+        rows = self._conn.execute(
+            f"SELECT r.rowid, {_R_COLUMNS}, {_LINEAGE} {sql} AND r.rowid > ? ORDER BY r.rowid LIMIT ?",
+            (*args, after, limit),
+        )
+        return [(int(values[0]), _row(values[1:])) for values in rows]
 
     def retention_due(self, tenant: str, *, now: int, created_before: int | None) -> list[StoredRow]:
         sql = f"SELECT {_R_COLUMNS}, {_LINEAGE} FROM records r WHERE r.tenant = ? AND r.expires_at <= ?"
@@ -854,7 +870,24 @@ class SQLiteBackend:
         )
         if count:
             self.scrub_after_commit()
+            self._removals += 1
+            made = int(self.get_setting(REMOVALS_MADE) or 0)
+            self.put_setting(REMOVALS_MADE, str(made + 1))
         return count
+
+    def removal_mark(self) -> RemovalMark:
+        return RemovalMark(self._removals, self.data_version(), self.get_setting(REMOVALS_MADE))
+
+    def removed_since(self, mark: RemovalMark) -> bool:
+        if mark.own != self._removals:
+            return True
+        version = self.data_version()
+        if version == mark.version:
+            return False
+        if self.get_setting(REMOVALS_MADE) != mark.count:
+            return True
+        mark.version = version
+        return False
 
     def still_derived_from(self, record_ids: Iterable[str]) -> set[str]:
         found: set[str] = set()
