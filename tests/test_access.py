@@ -417,6 +417,26 @@ def test_an_audit_batch_is_not_written_inside_a_read_snapshot(memory: Memory) ->
     ]
 
 
+def test_a_write_inside_a_read_snapshot_is_refused_with_a_clear_error(memory: Memory) -> None:
+    """It failed with apsw's "cannot start a transaction within a transaction"; so did a
+    read snapshot begun inside another."""
+    record = memory.remember("kept", subject="a")
+    with memory.read_snapshot():
+        for write in (
+            lambda: memory.remember("new", subject="b"),
+            lambda: memory.forget(record_id=record.id),
+            lambda: memory.erase("a", request_id="R1", basis="Art. 17(1)(a)", requester="dpo"),
+            memory.rotate_signing_key,
+        ):
+            with pytest.raises(StoreError, match="read snapshot is open on this store handle, and can write nothing"):
+                write()
+        with pytest.raises(StoreError, match="already open"), memory.read_snapshot():
+            pass
+        assert memory.get(record.id).text == "kept"
+    assert [r.text for r in memory.list()] == ["kept"]
+    assert memory.verify_log().ok
+
+
 def test_api_keys_authenticate_and_only_their_digest_is_stored(memory: Memory, store_path: Path) -> None:
     principal, api_key = memory.create_principal("svc", Role.MEMBER, scopes=["u1"])
     assert memory.authenticate(api_key) == principal

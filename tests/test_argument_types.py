@@ -520,3 +520,43 @@ def test_a_store_name_too_long_for_the_file_system_is_a_store_error(tmp_path: Pa
     """It was the OS call's OSError (ENAMETOOLONG) from Memory.open, where init said StoreError."""
     with pytest.raises(StoreError, match=r"cannot open .*: File name too long"):
         Memory.open(tmp_path / ("x" * 300 + ".db"), from_bytes(bytes(32)), create=True)
+
+
+def test_a_file_to_write_whose_name_is_too_long_is_invalid_input(memory: Memory, tmp_path: Path) -> None:
+    """pathlib's exists() raises ENAMETOOLONG's OSError rather than answer False: it was
+    that raw error, where a name the file system cannot hold is the caller's mistake."""
+    long = tmp_path / ("a" * 300)
+    for call, name in (
+        (lambda: memory.export_csv(long, user_id="u1"), "directory"),
+        (lambda: memory.verify_audit(state=long), "state"),
+        (lambda: Memory.init(tmp_path / "new.db", key_file=long), "key_file"),
+    ):
+        with pytest.raises(InvalidInputError, match=f"^{name} is too long a path: a file name is at most 255 bytes$"):
+            call()
+    assert not (tmp_path / "new.db").exists()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.explain_decision("\ud800"),
+        lambda m: m.revoke_principal("\ud800"),
+        lambda m: m.erase("Bob", request_id="E1", basis="b", requester="r", confirmation="\ud800"),
+        lambda m: m.purge(older_than_days=0, confirmation="\ud800"),
+    ],
+    ids=["decision_id", "principal_id", "erase-confirmation", "purge-confirmation"],
+)
+def test_an_id_that_is_not_utf8_is_invalid_input(memory: Memory, call: Callable[[Memory], object]) -> None:
+    """A lone surrogate (what a bad decode leaves) raised UnicodeEncodeError from the
+    hash or statement it reached: over HTTP, a 500 for a client's mistake."""
+    with pytest.raises(InvalidInputError, match=r"is not valid UTF-8$"):
+        call(memory)
+
+
+def test_numbers_past_a_floats_range_are_invalid_input(memory: Memory) -> None:
+    """They raised OverflowError (math.isfinite of an int, int() of an infinite product)."""
+    with pytest.raises(InvalidInputError, match="confidence must be between 0 and 1"):
+        memory.remember("t", subject="s", confidence=10**400)
+    with pytest.raises(InvalidInputError, match=r"older_than_days .* from 0 to 1,000,000"):
+        memory.prune_audit(older_than_days=1e308)
+    assert list(memory.list()) == []

@@ -280,6 +280,11 @@ def test_stdio_refuses_a_message_that_repeats_a_key(tmp_path: Path) -> None:
         long = answer()
         assert (long["id"], long["error"]["data"]["code"]) == ("seven", "invalid_request")
         assert "more than 4300 digits" in long["error"]["message"]
+        lone_surrogate = call.replace('"id": 2', '"id": 8').replace('"dup"', '"\\ud800"')
+        send(lone_surrogate.replace(', "user_id": "bob"', ""))  # the SDK's parser drops it: no answer came
+        lone = answer()
+        assert (lone["id"], lone["error"]["data"]["code"]) == (8, "invalid_request")
+        assert "not valid UTF-8" in lone["error"]["message"]
         send(call.replace('"id": 2', '"id": 4').replace(', "user_id": "bob"', ""))
         done = answer()
         assert done["id"] == 4 and not done["result"]["isError"], done

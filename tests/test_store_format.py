@@ -171,6 +171,40 @@ def test_foreign_files_are_refused_untouched(tmp_path: Path) -> None:
         Memory.open(tmp_path, from_bytes(MASTER))
 
 
+def test_init_over_a_foreign_file_is_refused_untouched(tmp_path: Path) -> None:
+    junk = tmp_path / "notes.db"
+    junk.write_bytes(b"hello " * 1000)
+    with pytest.raises(NotADeleaturStoreError, match="not an SQLite database"):
+        Memory.init(junk, from_bytes(MASTER))
+    assert junk.read_bytes() == b"hello " * 1000
+
+
+@pytest.mark.parametrize("name", ["mem.db", "mem.db.keys"])
+def test_a_store_file_this_user_cannot_write_is_named(tmp_path: Path, name: str) -> None:
+    """SQLite opens such a file read-only, and the first write (a read's audit entry)
+    failed with apsw's ReadOnlyError, naming no file: the CLI said "internal error"."""
+    store = tmp_path / "mem.db"
+    with Memory.open(store, from_bytes(MASTER), create=True) as memory:
+        memory.remember("x", subject="s")
+    read_only = tmp_path / name
+    # Root writes through any mode: for root the file is made immutable (binding root too).
+    as_root = os.geteuid() == 0
+    if as_root:
+        subprocess.run(["chattr", "+i", str(read_only)], check=True)
+    else:
+        read_only.chmod(0o400)
+    try:
+        with pytest.raises(StoreError, match=f"{re.escape(str(read_only))} is read-only to this user"):
+            Memory.open(store, from_bytes(MASTER))
+    finally:
+        if as_root:
+            subprocess.run(["chattr", "-i", str(read_only)], check=True)
+        else:
+            read_only.chmod(0o600)
+    with Memory.open(store, from_bytes(MASTER)) as memory:
+        assert [r.text for r in memory.list()] == ["x"]
+
+
 def test_key_store_of_another_store_is_refused(tmp_path: Path) -> None:
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     Memory.open(a, from_bytes(MASTER), create=True).close()

@@ -63,6 +63,7 @@ from .errors import (
     IntegrityError,
     InvalidInputError,
     KeyStoreError,
+    NotADeleaturStoreError,
     NotFoundError,
     SigningKeyMissingError,
     StoreBusyError,
@@ -400,7 +401,7 @@ class Memory:
         """
         store_path = check_path(path, "path")
         check_optional(master, MasterKeySource, "master")
-        key_path = None if key_file is None else check_path(key_file, "key_file")
+        key_path = None if key_file is None else check_path(key_file, "key_file", written=True)
         options: dict[str, Any] = {"tenant": tenant, "clock": clock, "random": random, "max_text_bytes": max_text_bytes}
         # Checked before the lock file is made beside the store: a directory missing, or
         # another file where it should be, is the error to report, not the lock's.
@@ -1208,6 +1209,8 @@ class Memory:
         with self._turn():
             if self._shared.group is not None:
                 raise StoreError("a read snapshot cannot begin while a write group is open on this store handle")
+            if self._shared.reading:
+                raise StoreError("a read snapshot is already open on this store handle")
             batch = AuditBatch(self)
             began = names_forgotten()
             try:
@@ -1305,7 +1308,7 @@ class Memory:
         """Verify the whole trail; with ``state``, also that it extends the checkpoint
         the last passing verification recorded there (which catches a cut-back tail).
         ``size``: as of the stored checkpoint of that tree size (see :meth:`verify_log`)."""
-        where = None if state is None else check_path(state, "state")
+        where = None if state is None else check_path(state, "state", written=True)
         return verify_audit(self, pinned_keys=_pinned(pinned_keys), state=where, size=size)
 
     def __enter__(self) -> Memory:
@@ -1947,7 +1950,7 @@ class Memory:
     ) -> dict[str, int]:
         """The same export as a CSV bundle in an empty directory."""
         self._name_subject(subject)
-        return export_csv(self, check_path(directory, "directory"), subject=subject, user_id=user_id)
+        return export_csv(self, check_path(directory, "directory", written=True), subject=subject, user_id=user_id)
 
     # -- storage limitation (Art. 5(1)(e)) ---------------------------------------------
 
@@ -2246,5 +2249,7 @@ def _holds_entries(store_path: Path) -> bool:
         return bool(conn.execute("SELECT 1 FROM log_entries LIMIT 1").fetchall())
     except apsw.SQLError:
         return False  # no such table: an init killed before it made the schema
+    except apsw.NotADBError:
+        raise NotADeleaturStoreError(f"{store_path} is not a deleatur store (not an SQLite database)") from None
     finally:
         conn.close()

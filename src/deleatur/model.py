@@ -493,6 +493,8 @@ def check_type(value: object, kind: type[T], name: str) -> T:
     otherwise erase). A bool is never taken for an int, though Python makes it one."""
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise InvalidInputError(f"{name} must be {_a(kind)}")
+    if isinstance(value, str):
+        _check_utf8(value, name)  # a lone surrogate reaches no hash, file or statement
     return value
 
 
@@ -538,11 +540,15 @@ def check_number(value: object, name: str) -> float:
     return value
 
 
-def check_path(value: object, name: str) -> Path:
+#: Linux's limits on a file name and a path, in bytes (NAME_MAX, PATH_MAX).
+_NAME_MAX, _PATH_MAX = 255, 4096
+
+
+def check_path(value: object, name: str, *, written: bool = False) -> Path:
     """A file system path, given as a str or a path object alike, as ``open()`` takes one:
     one no file system can hold (a NUL byte, text that is not UTF-8) is refused here,
     naming the argument, not by the OS call that would raise ValueError or
-    UnicodeEncodeError."""
+    UnicodeEncodeError; so is a file to be ``written`` with too long a name."""
     if not isinstance(value, str | os.PathLike):
         raise InvalidInputError(f"{name} must be a path")
     path = Path(value)
@@ -550,9 +556,14 @@ def check_path(value: object, name: str) -> Path:
     if "\0" in text:
         raise InvalidInputError(f"{name} contains a NUL byte")
     try:
-        os.fsencode(text)
+        encoded = os.fsencode(text)
     except UnicodeEncodeError:
         raise InvalidInputError(f"{name} is not valid UTF-8") from None
+    # A file to be written (``written``) is refused here rather than by the first stat()
+    # of it: ENAMETOOLONG, which pathlib's exists() raises rather than answer False.
+    too_long = len(encoded) >= _PATH_MAX or any(len(part) > _NAME_MAX for part in encoded.split(b"/"))
+    if written and too_long:
+        raise InvalidInputError(f"{name} is too long a path: a file name is at most {_NAME_MAX} bytes")
     return path
 
 
@@ -561,7 +572,8 @@ def validate_confidence(confidence: float | None) -> float | None:
         return None
     if isinstance(confidence, bool) or not isinstance(confidence, int | float):
         raise InvalidInputError("confidence must be a number")
-    if not math.isfinite(confidence) or not 0.0 <= confidence <= 1.0:
+    # An int compares with floats exactly, however large: math.isfinite cannot take one past a float's range.
+    if (isinstance(confidence, float) and not math.isfinite(confidence)) or not 0.0 <= confidence <= 1.0:
         raise InvalidInputError("confidence must be between 0 and 1")
     return float(confidence)
 

@@ -207,6 +207,10 @@ def connect(
         # of a recall's ranking instructions at 10k to 1M records (BENCHMARKS.md).
         conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
         conn.execute("PRAGMA schema_version").fetchall()  # reads the header: is it SQLite?
+        # SQLite opens a file it may not write read-only, asked for read-write or not; the
+        # first write (a read's audit entry) would fail with an error naming no file.
+        if conn.readonly("main"):
+            raise StoreError(f"{path} is read-only to this user: a store must be writable (every call is audited)")
         if identify is not None:
             identify(conn)
         _pragma(conn, "secure_delete", "ON", 1)

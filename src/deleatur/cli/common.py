@@ -23,7 +23,7 @@ from ..errors import InvalidInputError
 from ..log.note import NoteError, Verifier, parse_verifier
 from ..log.report import Report
 from ..memory import Memory
-from ..model import utf8_text
+from ..model import check_path, utf8_text
 from ..newfiles import store_file
 
 app = typer.Typer(
@@ -195,6 +195,7 @@ def check_output_path(path: Path) -> None:
 
 def refuse_store_file(path: Path) -> None:
     """An output file (or directory) may be none of the store's own (see newfiles.store_file)."""
+    check_path(path, str(path), written=True)
     others = [] if Options.key_file is None else [Options.key_file]
     if store_file(Options.store, path, others):
         raise InvalidInputError(

@@ -107,8 +107,8 @@ def purge(
 def prune_audit(memory: Memory, *, older_than_days: float) -> int:
     """Prune the ``call`` entries older than the cutoff, up to the first entry that is
     not, and anchor what was pruned. Returns how many were pruned."""
-    if not older_than_days >= 0:
-        raise InvalidInputError("older_than_days (--older-than) must be a number of days, zero or more")
+    if not 0 <= check_number(older_than_days, "older_than_days") <= MAX_DAYS:
+        raise InvalidInputError(f"older_than_days (--older-than) must be a number of days from 0 to {MAX_DAYS:,}")
     cutoff = memory._clock() - int(older_than_days * _DAY_US)
     with memory._logged(sign=True) as events:
         start = int(memory.backend.get_setting("audit.pruned_upto") or 0)

@@ -6,6 +6,7 @@ handle on which the library authorizes and audits every call as that principal.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -263,13 +264,18 @@ def misread(message: str | bytes, what: str) -> ErrorInfo | None:
     naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
     body), or holds an integer of more digits than Python converts. None for any other,
     JSON or not: what is not JSON is the transport's to answer (or not, as the SDK's
-    stdio transport does not)."""
+    stdio transport does not). So is one holding an escaped lone surrogate (``"\\ud800"``),
+    which the SDK's parser refuses, and its stdio transport then left unanswered."""
     try:
-        loads_unique(message, what)
+        parsed = loads_unique(message, what)
     except InvalidInputError as exc:
         return ErrorInfo(422, "invalid_request", exc.message)
     except (ValueError, RecursionError):
-        pass
+        return None
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return ErrorInfo(422, "invalid_request", f"{what} holds a string that is not valid UTF-8 (a lone surrogate)")
     return None
 
 

@@ -245,6 +245,11 @@ class SQLiteBackend:
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
+        if self._in_snapshot:
+            raise StoreError(
+                "a read snapshot is open on this store handle, and can write nothing: make the"
+                " call after it ends (nothing was written)"
+            )
         self._depth += 1
         try:
             if self._depth == 1:
