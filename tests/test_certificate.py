@@ -399,6 +399,55 @@ def test_a_certificate_signed_by_another_key_fails(erased: tuple[Memory, dict[st
     assert any("KEY NOT PINNED" in n for n in report.notes)
 
 
+def _forged_with_own_key(cert: dict[str, Any], change: Any = None) -> tuple[dict[str, Any], Signer]:
+    """The store's real tree and tombstones, its checkpoint and the body signed by a key of
+    the forger's own with the store's key name, the body first changed by ``change``."""
+    body = copy.deepcopy(cert["certificate"])
+    forger = Signer.generate(body["store"]["origin"])
+    text = Note.parse(body["checkpoint"]).text
+    body["checkpoint"] = Note(text, (forger.sign(text),)).format()
+    body["public_key"] = forger.verifier.vkey
+    if change is not None:
+        change(body)
+    signature = base64.b64encode(forger.sign_bytes(signed_message(body))).decode()
+    return {"certificate": body, "signature": signature}, forger
+
+
+def test_a_certificate_signed_by_a_key_the_store_never_announced_fails_the_store_identity(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    """The store's id and origin are public: a forger signs the store's real tree under a
+    key of their own named like the store's, reuses its tombstones, and states another
+    basis. With --store and no pinned key, the store must show it never announced that key."""
+    memory, cert, _ = erased
+
+    def lie(body: dict[str, Any]) -> None:
+        body["request"]["basis"] = FAKE_BASIS
+        body["issued_at"] = "2030-01-01T00:00:00Z"
+
+    forged, forger = _forged_with_own_key(cert, lie)
+    report = verify_certificate(json.dumps(forged), store=evidence)
+    assert "store_identity" in [c.name for c in report.failed]
+    assert _detail(report, "store_identity") == (
+        f"the certificate's key {forger.verifier.name} (key {forger.verifier.key_id.hex()}) is not one the"
+        " store's log announced"
+    )
+    assert "retained" not in json.dumps(report.to_json())
+    # A key the log did announce, but retired before the certified tree, is refused too.
+    old = memory.log.signer
+    assert old is not None
+    memory.rotate_signing_key()
+    later = copy.deepcopy(memory.certificate("DSAR-17"))
+    later["certificate"]["public_key"] = old.verifier.vkey
+    text = Note.parse(later["certificate"]["checkpoint"]).text
+    later["certificate"]["checkpoint"] = Note(text, (old.sign(text),)).format()
+    later["signature"] = base64.b64encode(old.sign_bytes(signed_message(later["certificate"]))).decode()
+    report = verify_certificate(later, store=evidence)
+    assert [c.name for c in report.failed] == ["store_identity"]
+    assert "was replaced by" in _detail(report, "store_identity")
+    assert verify_certificate(memory.certificate("DSAR-17"), store=evidence).ok
+
+
 def test_malformed_certificates_fail_the_format_check(memory: Memory) -> None:
     bad_documents: list[Any] = [{}, {"certificate": {"format": "other"}, "signature": "AA=="}, [], {"certificate": 1}]
     for bad in bad_documents:

@@ -262,3 +262,30 @@ def test_erase_and_certificate_say_when_a_reader_kept_the_wal_from_being_truncat
     assert err == ""
     code, out, _ = cli("erase", "alice smith", *ERASE)
     assert code == 0 and "NOT truncated" not in out
+
+
+def test_verify_with_the_store_refuses_a_key_its_log_never_announced(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """`verify --store` without a pinned key: a certificate re-signed, checkpoint and body,
+    by a key of the forger's own named like the store's fails check 8, naming the key."""
+    import base64
+
+    from deleatur.erasure.certificate import signed_message
+    from deleatur.log.note import Note, Signer
+
+    assert cli("erase", "alice smith", *ERASE)[0] == 0
+    cert = tmp_path / "cert.json"
+    assert cli("certificate", "--request-id", "DSAR-17", "--out", str(cert))[0] == 0
+    body = json.loads(cert.read_text())["certificate"]
+    forger = Signer.generate(body["store"]["origin"])
+    text = Note.parse(body["checkpoint"]).text
+    body["checkpoint"] = Note(text, (forger.sign(text),)).format()
+    body["public_key"] = forger.verifier.vkey
+    body["request"]["basis"] = "Art. 17(3)(e)"
+    forged = tmp_path / "forged.json"
+    signature = base64.b64encode(forger.sign_bytes(signed_message(body))).decode()
+    forged.write_text(json.dumps({"certificate": body, "signature": signature}))
+    code, out, _ = cli("verify", str(forged), "--store", str(store))
+    assert code == 1, out
+    named = f"{forger.verifier.name} (key {forger.verifier.key_id.hex()})"
+    assert f"FAIL  8 store_identity: the certificate's key {named} is not one the store's log announced" in out
+    assert out.strip().endswith("VERDICT: FAIL (check 8 store_identity)")

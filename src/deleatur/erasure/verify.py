@@ -17,7 +17,9 @@ to the store's files. It runs these checks, in order:
  6. scope_intact        the scope statement is exactly what the certificate's facts imply
  7. pinned_checkpoint   (--expected-checkpoint) the certificate's checkpoint and the pinned
                         one are consistent, by a proof from the store's log
- 8. store_identity      (--store) the store is the one the certificate was issued from
+ 8. store_identity      (--store) the store is the one the certificate was issued from: its id
+                        and log, and its log announced the certificate's key, the key current
+                        at the certified size (announcements proven in the certified tree)
  9. store_log           (--store) the store's log still holds the tombstones and the tree
 10. store_absent        (--store) within the erasure's scope: no erased id is live, no live
                         record has the subject, and (if the certificate says it was destroyed)
@@ -227,7 +229,7 @@ def verify_certificate(
             report.add(name, None, "no --store given")
         report.notes.append("ABSENCE NOT CHECKED: pass --store to check the erased records are gone from the store.")
         return report
-    report.add("store_identity", *_store_identity(store_id, checkpoint, store))
+    report.add("store_identity", *_store_identity(store_id, key, checkpoint, store))
     report.add("store_log", *_store_log(tombstones, checkpoint, store))
     report.add("store_absent", *_absent(store, request, erasure, record_ids, tenant=tenant, request_id=request_id))
     return report
@@ -325,15 +327,25 @@ def _endorsed(pinned: Verifier, key: Verifier, note: Note, store: StoreEvidence 
     return chain.endorsement(key)
 
 
+def _announced_keys(checkpoint: Checkpoint, store: StoreEvidence) -> list[tuple[int, Verifier]]:
+    """The keys the store's log announced within the certified tree, oldest first with the
+    index announcing each: read from the log's entries, each proven in the tree the
+    certificate's checkpoint signs and endorsed by the key before it (not from a table the
+    store keeps beside its log, which anyone writing its files can add a key to). Raises
+    :class:`NoteError`."""
+    if checkpoint.size > store.log_size():
+        # No such tree in this store (and perhaps no integer SQLite holds).
+        raise NoteError(f"the store's log has fewer entries than the certified tree of {checkpoint.size}")
+    return proven_key_chain(key_entry_proofs(store, checkpoint.size), checkpoint)
+
+
 def _key_chain(key: Verifier, checkpoint: Checkpoint, store: StoreEvidence) -> list[Verifier]:
     """The keys the store's log announced within the certified tree up to ``key``, each
     endorsed by the one before it: the keys that signed this log's earlier checkpoints.
     Only ``key`` if the chain does not hold (each entry is proven in the certified tree,
     which ``key`` signed, so a key entry added to the store's files does not count)."""
-    if checkpoint.size > store.log_size():
-        return [key]  # no such tree in this store (and perhaps no integer SQLite holds)
     try:
-        keys = [k for _, k in proven_key_chain(key_entry_proofs(store, checkpoint.size), checkpoint)]
+        keys = [k for _, k in _announced_keys(checkpoint, store)]
     except NoteError:
         return [key]
     return keys[: keys.index(key) + 1] if key in keys else [key]
@@ -381,14 +393,32 @@ def _pinned(
     return True, f"consistent with the pinned checkpoint of size {old.size}"
 
 
-def _store_identity(store_id: dict[str, Any], checkpoint: Checkpoint, store: StoreEvidence) -> tuple[bool, str]:
+def _store_identity(
+    store_id: dict[str, Any], key: Verifier, checkpoint: Checkpoint, store: StoreEvidence
+) -> tuple[bool, str]:
     try:
         claimed = _field(store_id, "store_id", str, "certificate.store")
     except _Invalid as exc:
         return False, f"the certificate does not name its store: {exc}"
     if claimed != store.store_id or checkpoint.origin != f"deleatur/{store.store_id}":
         return False, "the certificate was issued by another store"
-    return True, f"store {store.store_id}"
+    # Ids and origin are public: anyone can sign the store's real tree under a key of
+    # their own with the same name. Issued by this store means signed by a key its log
+    # announced, and the one current at the certified size (a retired key signs no later
+    # tree, as `log verify` requires of every checkpoint).
+    try:
+        announced = _announced_keys(checkpoint, store)
+    except NoteError as exc:
+        return False, f"the store's log cannot show which keys it announced: {exc.message}"
+    if key not in (k for _, k in announced):
+        return False, f"the certificate's key {describe(key)} is not one the store's log announced"
+    current = announced[-1][1]
+    if key != current:
+        return False, (
+            f"the certificate's key {describe(key)} was replaced by {describe(current)} before the certified"
+            f" tree of size {checkpoint.size}"
+        )
+    return True, f"store {store.store_id}, whose log announced the certificate's key {describe(key)}"
 
 
 def _store_log(
