@@ -14,10 +14,11 @@ from typing import Any
 import apsw
 import pytest
 
-from deleatur import DeleaturError, Memory, NewMemory, Space, SpaceFilter, from_bytes
+from deleatur import DeleaturError, IntegrityError, Memory, NewMemory, Space, SpaceFilter, from_bytes
+from deleatur.clock import from_isoformat, isoformat
 from deleatur.erasure import certificate as certificate_module
 from deleatur.erasure.certificate import signed_message
-from deleatur.erasure.requests import NOTHING_HELD, space_pseudonym
+from deleatur.erasure.requests import NOTHING_HELD, one_month_after, space_pseudonym
 from deleatur.erasure.scope import scope_statement
 from deleatur.erasure.verify import verify_certificate
 from deleatur.log.entries import Entry
@@ -140,7 +141,7 @@ def test_a_signature_spelled_another_way_in_base64_fails(erased: tuple[Memory, d
 def test_the_issue_time_is_signed(erased: tuple[Memory, dict[str, Any], Note]) -> None:
     memory, cert, _ = erased
     forged = copy.deepcopy(cert)
-    forged["certificate"]["issued_at"] = "2020-01-01T00:00:00Z"
+    forged["certificate"]["issued_at"] = "2099-01-01T00:00:00Z"
     assert _verify(memory, forged) == ["signature"]
 
 
@@ -161,6 +162,124 @@ def test_a_re_signed_edit_still_fails_the_content_checks(erased: tuple[Memory, d
     assert resigned(lambda b: b["scope_statement"].update(text="covers everything, backups too")) == ["scope_intact"]
     assert resigned(lambda b: b["tombstones"].pop()) == ["tombstones", "attests_erasure"]
     assert resigned(lambda b: b["tombstones"][0]["proof"].reverse()) == ["tombstones"]
+
+
+def _resigned(memory: Memory, cert: dict[str, Any], change: Any) -> dict[str, Any]:
+    """``cert`` changed, and signed again by the store's own key: what an issuer signs from
+    a request row someone edited (as a release before this one did), or the key holder."""
+    signer = memory.log.signer
+    assert signer is not None
+    forged = copy.deepcopy(cert)
+    change(forged["certificate"])
+    forged["signature"] = base64.b64encode(signer.sign_bytes(signed_message(forged["certificate"]))).decode()
+    return forged
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"basis": "Art. 17(3)(e) legal claims"}, "the request's basis is not the one its log entries state"),
+        (
+            {"received_at": "2026-09-20T00:00:00Z", "deadline": "2026-10-20T00:00:00Z"},
+            "the request's receipt time is not the one the erasure entry states",
+        ),
+        ({"completed_at": "2026-09-20T00:00:00Z"}, "the request's receipt and completion do not enclose"),
+        ({"deadline": "2030-01-01T00:00:00Z"}, "the deadline is not one month after the request's receipt"),
+    ],
+)
+def test_a_certificate_stating_what_its_log_entries_contradict_fails_the_tombstones_check(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence, changes: dict[str, str], problem: str
+) -> None:
+    """Signed by the store's key, pinned, and the store's log intact: a basis or a time
+    other than the erasure's own log entries state (its tombstones and, from v2, its
+    erasure entry, which logs when the request was received) fails check 4."""
+    memory, cert, pinned = erased
+    forged = _resigned(memory, cert, lambda body: body["request"].update(changes))
+    report = verify_certificate(
+        forged, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence
+    )
+    assert [c.name for c in report.failed] == ["tombstones"], report.lines()
+    assert _detail(report, "tombstones").startswith(problem)
+    assert not any(value in json.dumps(report.to_json()) for value in changes.values())
+
+
+def test_a_receipt_moved_later_to_meet_the_deadline_fails_against_the_erasure_entry(
+    memory: Memory, clock: FakeClock, evidence: StoreEvidence
+) -> None:
+    """A late erasure made to look timely: received, refused, retried and done a month
+    later, then its receipt and deadline moved to the retry, still no later than the
+    erasure's time. Only the receipt the erasure entry logged tells."""
+    memory.remember("a", subject="Jo")
+    memory.remember("b", subject="JO")
+    with pytest.raises(DeleaturError):
+        memory.erase("jo", request_id="DSAR-9", basis=BASIS, requester="dpo")  # ambiguous: recorded as failed
+    clock.advance(40 * 86400)
+    memory.erase("jo", request_id="DSAR-9", basis=BASIS, requester="dpo", allow_ambiguous=True)
+    cert = memory.certificate("DSAR-9")
+    request = cert["certificate"]["request"]
+    entry = Entry.decode(base64.b64decode(cert["certificate"]["erasure_entry"]["entry"]))
+    assert entry.fields["received"] == from_isoformat(request["received_at"]) < entry.time
+    assert verify_certificate(cert, store=evidence).ok
+
+    def timely(body: dict[str, Any]) -> None:
+        body["request"].update(received_at=isoformat(entry.time), deadline=isoformat(one_month_after(entry.time)))
+
+    report = verify_certificate(_resigned(memory, cert, timely), store=evidence)
+    assert [c.name for c in report.failed] == ["tombstones"]
+    assert _detail(report, "tombstones") == "the request's receipt time is not the one the erasure entry states"
+    assert _verify(memory, _as_v1(memory, _resigned(memory, cert, timely)), evidence) == []  # what v1 could not tell
+
+
+def _as_v1(memory: Memory, cert: dict[str, Any]) -> dict[str, Any]:
+    """The certificate as a release before v2 issued it: no erasure entry."""
+
+    def v1(body: dict[str, Any]) -> None:
+        del body["erasure_entry"]
+        body["format"] = "deleatur-erasure-certificate/v1"
+
+    return _resigned(memory, cert, v1)
+
+
+def test_a_v1_certificate_still_verifies_against_its_tombstones(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    memory, cert, pinned = erased
+    old = _as_v1(memory, cert)
+    report = verify_certificate(old, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence)
+    assert report.ok, report.lines()
+    assert "receipt time and kind rest on its signature" in _detail(report, "tombstones")
+    # Its basis is still checked against its tombstones; a v2 body signed as v1 is not v1.
+    assert _verify(memory, _resigned(memory, old, lambda b: b["request"].update(basis=FAKE_BASIS))) == ["tombstones"]
+    relabelled = copy.deepcopy(cert)
+    relabelled["certificate"]["format"] = "deleatur-erasure-certificate/v1"
+    assert _verify(memory, relabelled) == ["signature"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "basis = 'Art. 17(1)(d) [EDITED]'",
+        "received_at = received_at + 3600000000",
+        "received_at = received_at - 3600000000",
+        "completed_at = received_at - 1",
+        "kind = 'account'",
+    ],
+)
+def test_no_certificate_is_issued_from_a_request_row_that_contradicts_the_log(
+    memory: Memory, store_path: Path, edit: str
+) -> None:
+    """The request row is not signed: whoever writes the store's files could edit its
+    basis or times, and the certificate would sign the edit. Issuing compares it with the
+    erasure's log entries and refuses, naming what disagrees (never the value)."""
+    memory.remember("Alice's phone is +100", subject="Alice")
+    memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
+    assert verify_certificate(memory.certificate("DSAR-17"), store=StoreEvidence(store_path)).ok
+    conn = apsw.Connection(str(store_path))
+    conn.execute(f"UPDATE erasure_requests SET {edit} WHERE id = 'DSAR-17'")
+    conn.close()
+    with pytest.raises(IntegrityError, match="contradicts its log entries") as raised:
+        memory.certificate("DSAR-17")
+    assert "EDITED" not in raised.value.message and raised.value.request_id == "DSAR-17"
 
 
 def _detail(report: Report, name: str) -> str:
@@ -427,7 +546,7 @@ def test_a_certificate_signed_by_a_key_the_store_never_announced_fails_the_store
 
     forged, forger = _forged_with_own_key(cert, lie)
     report = verify_certificate(json.dumps(forged), store=evidence)
-    assert "store_identity" in [c.name for c in report.failed]
+    assert [c.name for c in report.failed] == ["tombstones", "store_identity"]  # the basis too
     assert _detail(report, "store_identity") == (
         f"the certificate's key {forger.verifier.name} (key {forger.verifier.key_id.hex()}) is not one the"
         " store's log announced"

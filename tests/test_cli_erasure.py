@@ -56,7 +56,7 @@ def test_dry_run_erase_certificate_verify(cli: Cli, store: Path, tmp_path: Path)
     assert any(line.startswith("NOTE NOT ANCHORED") for line in lines)
 
     data = json.loads(cert.read_text())
-    data["certificate"]["issued_at"] = "2020-01-01T00:00:00Z"
+    data["certificate"]["issued_at"] = "2099-01-01T00:00:00Z"
     cert.write_text(json.dumps(data))
     code, out, _ = cli("verify", str(cert), "--store", str(store), "--expected-pubkey", vkey.strip())
     assert code == 1
@@ -280,7 +280,7 @@ def test_verify_with_the_store_refuses_a_key_its_log_never_announced(cli: Cli, s
     text = Note.parse(body["checkpoint"]).text
     body["checkpoint"] = Note(text, (forger.sign(text),)).format()
     body["public_key"] = forger.verifier.vkey
-    body["request"]["basis"] = "Art. 17(3)(e)"
+    body["issued_at"] = "2099-01-01T00:00:00Z"  # no log entry states when it was issued
     forged = tmp_path / "forged.json"
     signature = base64.b64encode(forger.sign_bytes(signed_message(body))).decode()
     forged.write_text(json.dumps({"certificate": body, "signature": signature}))
@@ -289,3 +289,20 @@ def test_verify_with_the_store_refuses_a_key_its_log_never_announced(cli: Cli, s
     named = f"{forger.verifier.name} (key {forger.verifier.key_id.hex()})"
     assert f"FAIL  8 store_identity: the certificate's key {named} is not one the store's log announced" in out
     assert out.strip().endswith("VERDICT: FAIL (check 8 store_identity)")
+
+
+def test_certificate_refuses_a_request_row_edited_against_the_log(cli: Cli, store: Path, tmp_path: Path) -> None:
+    """Someone who can write the store's files (and holds no key) edits the request's basis
+    and times; `deleatur certificate` would sign the edit. It refuses, writing nothing."""
+    assert cli("erase", "alice smith", *ERASE)[0] == 0
+    conn = apsw.Connection(str(store))
+    conn.execute(
+        "UPDATE erasure_requests SET basis = 'Art. 17(1)(d) [EDITED]', received_at = 1799000000000000,"
+        " completed_at = 1799000000500000 WHERE id = 'DSAR-17'"
+    )
+    conn.close()
+    cert = tmp_path / "cert.json"
+    code, _, err = cli("certificate", "--request-id", "DSAR-17", "--out", str(cert))
+    assert code == 1
+    assert "erasure request DSAR-17 contradicts its log entries (the request's receipt time is not" in err
+    assert "EDITED" not in err and not cert.exists()

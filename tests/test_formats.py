@@ -73,6 +73,8 @@ def test_log_entries_golden() -> None:
         Entry(EventType.RECTIFY, 1_790_000_000_000_003, {"record": "01a22a03-19d9-75ea-b6f8-0a895b612b15",
               "tenant": "default", "commitment": "11" * 32, "supersedes": "01a22a03-19d9-75ea-b6f8-0a895b612b14",
               "erased": ["01a22a03-19d9-75ea-b6f8-0a895b612b14"]}),
+        Entry(EventType.ERASURE, 1_790_000_000_000_005, {"request": "DSAR-17", "basis": "Art. 17(1)(a)",
+              "tenant": "default", "records": 1, "received": 1_790_000_000_000_004, "kind": "subject"}),
     ]  # fmt: skip
     _golden("log-entries.txt", "".join(e.encode().decode("ascii") + "\n" for e in entries))
 

@@ -2,38 +2,132 @@
 
 A certificate is JSON: a ``certificate`` body and an Ed25519 ``signature`` over
 its canonical bytes (keys sorted, no whitespace, ASCII; prefixed by the context
-string ``deleatur/erasure-certificate/v1\\n``). Every field, the issue time
-included, is under that signature. The body carries the request, every
-tombstone with its Merkle inclusion proof, the signed checkpoint they are proven
-under, the public key, the store identity and a scope statement.
+string of its format, ``deleatur/erasure-certificate/v2\\n``). Every field, the
+issue time included, is under that signature. The body carries the request, every
+tombstone and (from v2) the erasure's own log entry, each with its Merkle inclusion
+proof, the signed checkpoint they are proven under, the public key, the store
+identity and a scope statement.
+
+v1 carried no erasure entry: what it states beyond its tombstones (the receipt time,
+the kind, a request that erased nothing) rests on the issuer's signature alone. Its
+certificates still verify, checked against their tombstones.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..clock import isoformat
-from ..errors import InvalidInputError
+from ..errors import IntegrityError, InvalidInputError
 from ..log.checkpoint import Checkpoint
+from ..log.entries import Entry, EntryError, EventType
 from ..store.protocol import WAL_NOT_TRUNCATED
-from .requests import ErasureRequest, RequestStatus
+from .requests import ErasureRequest, RequestStatus, one_month_after
 from .scope import scope_statement
 
 if TYPE_CHECKING:
     from ..memory import Memory
 
-FORMAT = "deleatur-erasure-certificate/v1"
-CONTEXT = b"deleatur/erasure-certificate/v1\n"
+FORMAT = "deleatur-erasure-certificate/v2"
+#: Every format this release verifies, with the context string its signature covers.
+CONTEXTS = {
+    "deleatur-erasure-certificate/v1": b"deleatur/erasure-certificate/v1\n",
+    FORMAT: b"deleatur/erasure-certificate/v2\n",
+}
 
 
 def canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def signed_message(body: Any) -> bytes:
-    return CONTEXT + canonical(body)
+def signed_message(body: dict[str, Any]) -> bytes:
+    """What the signature covers: the context of the body's format (one of :data:`CONTEXTS`),
+    so a v1 signature cannot pass for a v2 body, then the body."""
+    return CONTEXTS[body["format"]] + canonical(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Stated:
+    """What a certificate states about its erasure that the erasure's log entries state
+    too, or bound: each is compared with them (:func:`contradiction`) by the issuer, from
+    the stored request row anyone writing the store's files can edit, and by the verifier."""
+
+    request_id: str
+    tenant: str
+    kind: str
+    basis: str
+    records: int
+    received_at: int
+    completed_at: int
+    deadline: int
+    issued_at: int
+
+
+def contradiction(stated: Stated, tombstones: Sequence[Entry], erasure: Entry | None) -> str | None:
+    """How ``stated`` contradicts the erasure's tombstones and its erasure entry (None: a
+    v1 certificate carries none), or None if it does not. The message names the field,
+    never its value: a forged certificate may carry anything."""
+    if stated.deadline != one_month_after(stated.received_at):
+        return "the deadline is not one month after the request's receipt"
+    logged = [*tombstones, *([] if erasure is None else [erasure])]
+    if erasure is not None:
+        if erasure.type is not EventType.ERASURE or erasure.fields.get("request") != stated.request_id:
+            return "the erasure entry is not this request's"
+        if erasure.fields.get("records") != stated.records:
+            return "the number of records erased is not the one the erasure entry states"
+        # Logged from this release on; an older entry leaves them to the signature.
+        if erasure.fields.get("received", stated.received_at) != stated.received_at:
+            return "the request's receipt time is not the one the erasure entry states"
+        if erasure.fields.get("kind", stated.kind) != stated.kind:
+            return "the request's kind is not the one the erasure entry states"
+    if any(entry.fields.get("basis") != stated.basis for entry in logged):
+        return "the request's basis is not the one its log entries state"
+    if any(entry.fields.get("tenant") != stated.tenant for entry in logged):
+        return "the tenant is not the one the erasure's log entries state"
+    times = {entry.time for entry in logged}
+    if len(times) > 1:
+        return "the erasure's log entries state different times"
+    # Received before it was carried out, completed once its keys were destroyed after
+    # it, certified after that.
+    if any(not stated.received_at <= time <= stated.completed_at for time in times):
+        return "the request's receipt and completion do not enclose the time its log entries state"
+    if stated.issued_at < stated.completed_at:
+        return "the certificate was issued before the erasure completed"
+    return None
+
+
+def _erasure_entry(memory: Memory, request: ErasureRequest) -> tuple[int, bytes, Entry]:
+    """The request's erasure entry: logged right after its tombstones in one append (see
+    the engine), or, for a request that erased nothing, found by its id."""
+    if request.tombstones:
+        after = request.tombstones[-1] + 1
+        found = memory.backend.log_entries(after, after + 1)
+    else:
+        found = memory.backend.log_entries_naming(request.id)
+    for index, raw in found:
+        try:
+            entry = Entry.decode(raw)
+        except EntryError:
+            continue  # a pruned call entry, whose stored leaf hash happened to hold the id
+        if (
+            entry.type is EventType.ERASURE
+            and entry.fields.get("request") == request.id
+            and entry.fields.get("tenant") == memory.tenant
+        ):
+            return index, raw, entry
+    raise IntegrityError(f"the log holds no erasure entry of request {request.id}", request_id=request.id)
+
+
+def _proven(memory: Memory, index: int, raw: bytes, size: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "entry": base64.b64encode(raw).decode(),
+        "proof": [base64.b64encode(h).decode() for h in memory.log.inclusion_proof(index, size)],
+    }
 
 
 def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]:
@@ -52,16 +146,30 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
     # was not yet, and saying so if a reader still kept it): the -wal holds none of this
     # erasure's page images once it was truncated after it, whatever was written since.
     wal_truncated = WAL_NOT_TRUNCATED not in request.counts
-    tombstones = []
-    for index in request.tombstones:
-        entry = memory.log.entry(index)
-        proof = memory.log.inclusion_proof(index, size)
-        tombstones.append(
-            {
-                "index": index,
-                "entry": base64.b64encode(entry).decode(),
-                "proof": [base64.b64encode(h).decode() for h in proof],
-            }
+    raws = [(index, memory.log.entry(index)) for index in request.tombstones]
+    erasure_index, erasure_raw, erasure_entry = _erasure_entry(memory, request)
+    issued = memory._clock()
+    completed = request.completed_at or request.received_at
+    stated = Stated(
+        request_id=request_id,
+        tenant=memory.tenant,
+        kind=request.kind.value,
+        basis=request.basis,
+        records=len(request.record_ids),
+        received_at=request.received_at,
+        completed_at=completed,
+        deadline=request.deadline,
+        issued_at=issued,
+    )
+    # The request's row is not signed: anyone who can write the store's files can edit
+    # its basis or times, and the certificate would sign the edit. What the log holds,
+    # under the store's checkpoints, is what the erasure was.
+    problem = contradiction(stated, [Entry.decode(raw) for _, raw in raws], erasure_entry)
+    if problem is not None:
+        raise IntegrityError(
+            f"erasure request {request_id} contradicts its log entries ({problem}): its stored row was altered;"
+            " no certificate is issued",
+            request_id=request_id,
         )
     subjects = request.counts.get("subjects", 0)
     destroyed = request.counts.get("keys_destroyed", 0)
@@ -74,7 +182,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
     records = len(request.record_ids)
     body = {
         "format": FORMAT,
-        "issued_at": isoformat(memory._clock()),
+        "issued_at": isoformat(issued),
         "store": {"store_id": memory.backend.store_id, "origin": memory.log.origin, "tenant": memory.tenant},
         "request": {
             "id": request.id,
@@ -83,7 +191,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             "scope": request.scope.to_json(),
             "basis": request.basis,
             "received_at": isoformat(request.received_at),
-            "completed_at": isoformat(request.completed_at or request.received_at),
+            "completed_at": isoformat(completed),
             "deadline": isoformat(request.deadline),
             "counts": request.counts,
         },
@@ -99,7 +207,8 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             "subjects": subjects,
             "wal_truncated": wal_truncated,
         },
-        "tombstones": tombstones,
+        "tombstones": [_proven(memory, index, raw, size) for index, raw in raws],
+        "erasure_entry": _proven(memory, erasure_index, erasure_raw, size),
         "checkpoint": note.format(),
         "public_key": signer.verifier.vkey,
         "scope_statement": scope_statement(

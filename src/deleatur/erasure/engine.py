@@ -517,7 +517,10 @@ def erase(
                 counts["principals_rescoped"] = rescoped
             if kind is RequestKind.RETENTION:
                 counts["kept_restricted"] = plan.kept_restricted
-            events.append((Entry(EventType.ERASURE, now, {**fields, "records": plan.total}), None))
+            # Its receipt and kind too, which the certificate states: the request's row can
+            # be edited by anyone writing the store's files, what the log holds cannot.
+            erasure = {**fields, "records": plan.total, "received": template.received_at, "kind": kind.value}
+            events.append((Entry(EventType.ERASURE, now, erasure), None))
             request = replace(
                 template,
                 subject_pseudonym=pseudonym,

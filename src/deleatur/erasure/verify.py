@@ -12,7 +12,10 @@ to the store's files. It runs these checks, in order:
                         certificate fails naming its key: it cannot carry a chain up to a key
                         made after it was issued, so the format is unchanged)
  3. checkpoint          the checkpoint is signed by the same key
- 4. tombstones          every tombstone is this request's, and included under the checkpoint
+ 4. tombstones          every tombstone, and (from v2) the erasure entry, is this request's,
+                        included under the checkpoint, and states what the certificate states:
+                        basis, tenant, records, receipt and kind, its time between the request's
+                        receipt and completion (and the deadline one month after receipt)
  5. attests_erasure     a tombstone for each record erased; or none, for nothing was held
  6. scope_intact        the scope statement is exactly what the certificate's facts imply
  7. pinned_checkpoint   (--expected-checkpoint) the certificate's checkpoint and the pinned
@@ -43,7 +46,7 @@ from ..log.note import Note, NoteError, Verifier, b64decode, check_key_name, des
 from ..log.report import Report
 from ..model import check_tenant, loads_document
 from ..store.evidence import StoreEvidence
-from .certificate import FORMAT, signed_message
+from .certificate import CONTEXTS, FORMAT, Stated, contradiction, signed_message
 from .requests import NOTHING_HELD, is_request_id, space_pseudonym
 from .scope import VERSIONS, scope_statement
 
@@ -88,23 +91,40 @@ def _b64(value: Any, name: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class _Tombstone:
+class _Logged:
+    """A log entry the certificate carries, with its inclusion proof."""
+
     index: int
     entry: bytes
     proof: list[bytes]
 
 
-def _tombstone_list(body: dict[str, Any]) -> list[_Tombstone]:
-    """The certificate's tombstones, each checked for shape (not for inclusion)."""
-    out = []
-    for i, item in enumerate(_field(body, "tombstones", list, "certificate")):
-        where = f"certificate.tombstones[{i}]"
-        if not isinstance(item, dict):
-            raise _Invalid(f"{where} is not {_KINDS[dict]}")
-        index, entry = _count(item, "index", where), _b64(item.get("entry"), f"{where}.entry")
-        proof = [_b64(p, f"{where}.proof[{j}]") for j, p in enumerate(_field(item, "proof", list, where))]
-        out.append(_Tombstone(index, entry, proof))
-    return out
+def _logged(item: Any, where: str) -> _Logged:
+    if not isinstance(item, dict):
+        raise _Invalid(f"{where} is not {_KINDS[dict]}")
+    index, entry = _count(item, "index", where), _b64(item.get("entry"), f"{where}.entry")
+    proof = [_b64(p, f"{where}.proof[{j}]") for j, p in enumerate(_field(item, "proof", list, where))]
+    return _Logged(index, entry, proof)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entries:
+    """The certificate's tombstones and its erasure entry (None in a v1 certificate),
+    each checked for shape (not for inclusion)."""
+
+    tombstones: list[_Logged]
+    erasure: _Logged | None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> _Entries:
+        items = _field(body, "tombstones", list, "certificate")
+        tombstones = [_logged(item, f"certificate.tombstones[{i}]") for i, item in enumerate(items)]
+        if body["format"] != FORMAT:
+            return cls(tombstones, None)
+        return cls(tombstones, _logged(body.get("erasure_entry"), "certificate.erasure_entry"))
+
+    def all(self) -> list[_Logged]:
+        return [*self.tombstones, *([] if self.erasure is None else [self.erasure])]
 
 
 def pinned_key_for(certificate: Any, pubkey: str) -> Verifier:
@@ -149,8 +169,9 @@ def verify_certificate(
             raise _Invalid("the document has a member besides certificate and signature, which nothing signs")
         body = _field(document, "certificate", dict, "")
         signature = _b64(document.get("signature"), "signature")
-        if _field(body, "format", str, "certificate") != FORMAT:
-            raise _Invalid(f"certificate.format is not {FORMAT}")
+        version = _field(body, "format", str, "certificate")
+        if version not in CONTEXTS:
+            raise _Invalid(f"certificate.format is not one of {', '.join(CONTEXTS)}")
         key = Verifier.from_vkey(_field(body, "public_key", str, "certificate"))
         note = Note.parse(_field(body, "checkpoint", str, "certificate"))
         checkpoint = Checkpoint.parse(note.text)
@@ -178,7 +199,7 @@ def verify_certificate(
     except NoteError as exc:
         report.add("format", False, exc.message)
         return report
-    report.add("format", True, f"{FORMAT}, request {request_id}")
+    report.add("format", True, f"{version}, request {request_id}")
 
     trusted, endorsement = key, ""
     if expected_key is not None and expected_key.vkey != key.vkey:
@@ -200,12 +221,12 @@ def verify_certificate(
         report.add("checkpoint", False, f"the checkpoint is not signed by {whose}")
 
     # Parsed once for the two checks that read them, each reporting a malformed list itself.
-    tombstones: list[_Tombstone] | _Invalid
+    entries: _Entries | _Invalid
     try:
-        tombstones = _tombstone_list(body)
+        entries = _Entries.of(body)
     except _Invalid as exc:
-        tombstones = exc
-    report.add("tombstones", *_tombstones(tombstones, checkpoint, record_ids, request_id))
+        entries = exc
+    report.add("tombstones", *_tombstones(entries, checkpoint, record_ids, body, tenant=tenant, request_id=request_id))
     report.add("attests_erasure", *_attests(body, record_ids))
     report.add("scope_intact", *_scope_intact(body, request, erasure, record_ids))
 
@@ -230,7 +251,7 @@ def verify_certificate(
         report.notes.append("ABSENCE NOT CHECKED: pass --store to check the erased records are gone from the store.")
         return report
     report.add("store_identity", *_store_identity(store_id, key, checkpoint, store))
-    report.add("store_log", *_store_log(tombstones, checkpoint, store))
+    report.add("store_log", *_store_log(entries, checkpoint, store))
     report.add("store_absent", *_absent(store, request, erasure, record_ids, tenant=tenant, request_id=request_id))
     return report
 
@@ -289,14 +310,45 @@ def _other_keys_kept(erasure: dict[str, Any]) -> int:
     return max(subjects - destroyed, 0) if key_destroyed else max(subjects - destroyed - 1, 0)
 
 
-def _tombstones(
-    tombstones: list[_Tombstone] | _Invalid, checkpoint: Checkpoint, record_ids: list[str], request_id: str
-) -> tuple[bool, str]:
-    if isinstance(tombstones, _Invalid):
-        return False, f"the tombstones are malformed: {tombstones}"
-    seen: list[str] = []
+def _time(parent: dict[str, Any], key: str, where: str) -> int:
     try:
-        for i, item in enumerate(tombstones):
+        return from_isoformat(_field(parent, key, str, where))
+    except ValueError:
+        raise _Invalid(f"{where}.{key} is not a time") from None
+
+
+def _stated(body: dict[str, Any], *, tenant: str, request_id: str) -> Stated:
+    """What the certificate states that its log entries state too (see :class:`Stated`)."""
+    request = body["request"]
+    where = "certificate.request"
+    return Stated(
+        request_id=request_id,
+        tenant=tenant,
+        kind=_field(request, "kind", str, where),
+        basis=_field(request, "basis", str, where),
+        records=_count(body["erasure"], "records", "certificate.erasure"),
+        received_at=_time(request, "received_at", where),
+        completed_at=_time(request, "completed_at", where),
+        deadline=_time(request, "deadline", where),
+        issued_at=_time(body, "issued_at", "certificate"),
+    )
+
+
+def _tombstones(
+    entries: _Entries | _Invalid,
+    checkpoint: Checkpoint,
+    record_ids: list[str],
+    body: dict[str, Any],
+    *,
+    tenant: str,
+    request_id: str,
+) -> tuple[bool, str]:
+    if isinstance(entries, _Invalid):
+        return False, f"the tombstones are malformed: {entries}"
+    seen: list[str] = []
+    tombstones: list[Entry] = []
+    try:
+        for i, item in enumerate(entries.tombstones):
             try:
                 parsed = Entry.decode(item.entry)
             except EntryError as exc:
@@ -305,11 +357,37 @@ def _tombstones(
                 return False, f"entry {item.index} is not a tombstone of request {request_id}"
             verify_inclusion(item.index, checkpoint.size, leaf_hash(item.entry), item.proof, checkpoint.root)
             seen.append(str(parsed.record))
+            tombstones.append(parsed)
+        erasure = None
+        if entries.erasure is not None:
+            item = entries.erasure
+            try:
+                erasure = Entry.decode(item.entry)
+            except EntryError as exc:
+                return False, f"the erasure entry is malformed: certificate.erasure_entry.entry: {exc.message}"
+            verify_inclusion(item.index, checkpoint.size, leaf_hash(item.entry), item.proof, checkpoint.root)
     except ProofError as exc:
         return False, exc.message
     if sorted(seen) != sorted(record_ids):
         return False, "the tombstones do not name exactly the erased records"
-    return True, f"{len(seen)} tombstone(s) included in the tree of size {checkpoint.size}"
+    try:
+        problem = contradiction(_stated(body, tenant=tenant, request_id=request_id), tombstones, erasure)
+    except _Invalid as exc:
+        return False, f"the certificate cannot be compared with its log entries: {exc}"
+    if problem is not None:
+        return False, problem
+    if erasure is None:
+        return True, (
+            f"{len(seen)} tombstone(s) included in the tree of size {checkpoint.size}, stating the certificate's"
+            " basis; a v1 certificate carries no erasure entry, so its receipt time and kind rest on its signature"
+        )
+    detail = (
+        f"{len(seen)} tombstone(s) and the erasure entry included in the tree of size {checkpoint.size},"
+        " stating the certificate's basis, records and times"
+    )
+    if "received" not in erasure.fields:
+        detail += "; the erasure was logged before its receipt time was, which rests on the signature"
+    return True, detail
 
 
 def _endorsed(pinned: Verifier, key: Verifier, note: Note, store: StoreEvidence | None) -> str:
@@ -421,18 +499,17 @@ def _store_identity(
     return True, f"store {store.store_id}, whose log announced the certificate's key {describe(key)}"
 
 
-def _store_log(
-    tombstones: list[_Tombstone] | _Invalid, checkpoint: Checkpoint, store: StoreEvidence
-) -> tuple[bool, str]:
+def _store_log(entries: _Entries | _Invalid, checkpoint: Checkpoint, store: StoreEvidence) -> tuple[bool, str]:
     size = store.log_size()
     if size < checkpoint.size:
         return False, f"the store's log has {size} entries, fewer than the certificate's {checkpoint.size}"
-    if isinstance(tombstones, _Invalid):
-        return False, f"the tombstones cannot be looked up: {tombstones}"
-    for item in tombstones:
+    if isinstance(entries, _Invalid):
+        return False, f"the tombstones cannot be looked up: {entries}"
+    for item in entries.all():
         # An index past the certified tree is not one of its entries (and may not fit the store's integers).
         if item.index >= checkpoint.size or store.log_entry(item.index) != item.entry:
-            return False, f"tombstone {item.index} is missing from the store's log"
+            what = "the erasure entry" if item is entries.erasure else "tombstone"
+            return False, f"{what} {item.index} is missing from the store's log"
     try:
         if subtree_root(0, checkpoint.size, store.log_node) != checkpoint.root:
             return False, "the store's log no longer produces the certificate's tree"
@@ -475,13 +552,6 @@ def _request_scope(request: dict[str, Any]) -> tuple[str | None, ...]:
     return tuple(levels)
 
 
-def _completed_at(request: dict[str, Any]) -> int:
-    try:
-        return from_isoformat(_field(request, "completed_at", str, "certificate.request"))
-    except ValueError:
-        raise _Invalid("certificate.request.completed_at is not a time") from None
-
-
 def _within(scope: tuple[str | None, ...], key: bytes, space: tuple[str, ...]) -> bool:
     return all(want is None or want == space_pseudonym(key, have) for want, have in zip(scope, space, strict=True))
 
@@ -502,7 +572,7 @@ def _absent(
         ref = _subject_ref(erasure)
         key_destroyed = _field(erasure, "key_destroyed", bool, "certificate.erasure")
         scope = _request_scope(request)
-        completed = _completed_at(request)
+        completed = _time(request, "completed_at", "certificate.request")
     except _Invalid as exc:
         return False, f"absence cannot be checked: {exc}"
     live = store.live_ids(tenant, record_ids)

@@ -37,7 +37,8 @@ class EventType(enum.StrEnum):
     KEY = "key"
     #: One per erased record: record id, request id, legal basis, time. Nothing else.
     TOMBSTONE = "tombstone"
-    #: The erasure request itself: request id, basis, counts.
+    #: The erasure request itself: request id, basis, tenant, records erased, and (from
+    #: this release) when it was received and its kind, which its certificate states.
     ERASURE = "erasure"
     #: Restriction of processing set or lifted (Art. 18), the subject as a pseudonym.
     RESTRICT = "restrict"
