@@ -380,7 +380,46 @@ def test_a_key_destroyed_by_a_limited_erasure_is_checked_as_of_the_erasure(
     keys.executemany(f"INSERT INTO data_keys VALUES ({', '.join('?' * len(backup[0]))})", backup)
     report = verify_certificate(cert, store=evidence)
     assert [c.name for c in report.failed] == ["store_absent"]
-    assert _detail(report, "store_absent") == "the subject's data key is still in the key store"
+    [(key_id, *_)] = backup
+    assert isinstance(key_id, bytes)
+    assert _detail(report, "store_absent") == (
+        f"a data key this erasure destroyed is in the key store again (key {key_id.hex()})"
+    )
+
+
+@pytest.mark.parametrize("kind", ["subject", "account"])
+def test_a_destroyed_key_restored_with_a_later_creation_time_fails_by_its_id(
+    memory: Memory, store_path: Path, evidence: StoreEvidence, kind: str
+) -> None:
+    """The key store does not authenticate a key's creation time: a destroyed key put
+    back from a backup dated after the erasure would pass for a later write's key, and
+    still decrypt every backup of the subject's records. The erasure entry names the
+    keys it destroyed, and check 10 looks for them by id (which the wrapping binds)."""
+    memory.remember("Alice's phone is +100", subject="Alice", space=Space("cust_1"))
+    memory.keys._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    backup = memory.keys._conn.execute("SELECT * FROM data_keys").fetchall()
+    if kind == "subject":
+        memory.erase("Alice", request_id="E-1", basis=BASIS, requester="dpo")
+    else:
+        memory.erase_all(user_id="cust_1", request_id="E-1", basis=BASIS, requester="dpo")
+    cert = memory.certificate("E-1")
+    assert verify_certificate(cert, store=evidence).ok
+    [row] = backup
+    key_id = row[0]
+    assert isinstance(key_id, bytes)
+    keys = apsw.Connection(str(store_path) + ".keys")
+    keys.execute(f"INSERT INTO data_keys VALUES ({', '.join('?' * len(row))})", (*row[:-1], 2_100_000_000_000_000))
+    keys.close()
+    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    assert [c.name for c in report.failed] == ["store_absent"]
+    assert _detail(report, "store_absent") == (
+        f"a data key this erasure destroyed is in the key store again (key {key_id.hex()})"
+    )
+    # A v1 certificate names no key id: what it could not tell, and check 10 says on what it rests.
+    old = verify_certificate(_as_v1(memory, cert), store=evidence)
+    assert old.ok
+    if kind == "subject":
+        assert "which the key store does not authenticate" in _detail(old, "store_absent")
 
 
 def test_a_limited_erasure_recorded_before_the_store_kept_its_scope_key(

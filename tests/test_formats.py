@@ -74,7 +74,8 @@ def test_log_entries_golden() -> None:
               "tenant": "default", "commitment": "11" * 32, "supersedes": "01a22a03-19d9-75ea-b6f8-0a895b612b14",
               "erased": ["01a22a03-19d9-75ea-b6f8-0a895b612b14"]}),
         Entry(EventType.ERASURE, 1_790_000_000_000_005, {"request": "DSAR-17", "basis": "Art. 17(1)(a)",
-              "tenant": "default", "records": 1, "received": 1_790_000_000_000_004, "kind": "subject"}),
+              "tenant": "default", "records": 1, "received": 1_790_000_000_000_004, "kind": "subject",
+              "keys": [bytes(range(16)).hex()]}),
     ]  # fmt: skip
     _golden("log-entries.txt", "".join(e.encode().decode("ascii") + "\n" for e in entries))
 

@@ -61,6 +61,7 @@ class Stated:
     kind: str
     basis: str
     records: int
+    keys_destroyed: int
     received_at: int
     completed_at: int
     deadline: int
@@ -84,6 +85,9 @@ def contradiction(stated: Stated, tombstones: Sequence[Entry], erasure: Entry | 
             return "the request's receipt time is not the one the erasure entry states"
         if erasure.fields.get("kind", stated.kind) != stated.kind:
             return "the request's kind is not the one the erasure entry states"
+        keys = erasure.fields.get("keys")
+        if keys is not None and (not isinstance(keys, list) or len(keys) != stated.keys_destroyed):
+            return "the number of data keys destroyed is not the one the erasure entry states"
     if any(entry.fields.get("basis") != stated.basis for entry in logged):
         return "the request's basis is not the one its log entries state"
     if any(entry.fields.get("tenant") != stated.tenant for entry in logged):
@@ -146,6 +150,8 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
     # was not yet, and saying so if a reader still kept it): the -wal holds none of this
     # erasure's page images once it was truncated after it, whatever was written since.
     wal_truncated = WAL_NOT_TRUNCATED not in request.counts
+    subjects = request.counts.get("subjects", 0)
+    destroyed = request.counts.get("keys_destroyed", 0)
     raws = [(index, memory.log.entry(index)) for index in request.tombstones]
     erasure_index, erasure_raw, erasure_entry = _erasure_entry(memory, request)
     issued = memory._clock()
@@ -156,6 +162,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
         kind=request.kind.value,
         basis=request.basis,
         records=len(request.record_ids),
+        keys_destroyed=destroyed,
         received_at=request.received_at,
         completed_at=completed,
         deadline=request.deadline,
@@ -171,8 +178,6 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             " no certificate is issued",
             request_id=request_id,
         )
-    subjects = request.counts.get("subjects", 0)
-    destroyed = request.counts.get("keys_destroyed", 0)
     if request.subject_ref is not None:
         key_destroyed = not memory.keys.has_key(memory.tenant, request.subject_ref)
         other_keys_kept = max(subjects - destroyed, 0) if key_destroyed else max(subjects - destroyed - 1, 0)

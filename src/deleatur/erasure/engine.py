@@ -518,8 +518,17 @@ def erase(
             if kind is RequestKind.RETENTION:
                 counts["kept_restricted"] = plan.kept_restricted
             # Its receipt and kind too, which the certificate states: the request's row can
-            # be edited by anyone writing the store's files, what the log holds cannot.
-            erasure = {**fields, "records": plan.total, "received": template.received_at, "kind": kind.value}
+            # be edited by anyone writing the store's files, what the log holds cannot. And
+            # the ids of the data keys it destroys, so that `verify --store` finds one put
+            # back by its id, which the key's wrapping binds, not by its editable creation
+            # time. Ids name no one: random, and only in the key store and records rows.
+            erasure = {
+                **fields,
+                "records": plan.total,
+                "received": template.received_at,
+                "kind": kind.value,
+                "keys": sorted(key.hex() for key in doomed_keys),
+            }
             events.append((Entry(EventType.ERASURE, now, erasure), None))
             request = replace(
                 template,

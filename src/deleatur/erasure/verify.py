@@ -25,8 +25,9 @@ to the store's files. It runs these checks, in order:
                         at the certified size (announcements proven in the certified tree)
  9. store_log           (--store) the store's log still holds the tombstones and the tree
 10. store_absent        (--store) within the erasure's scope: no erased id is live, no live
-                        record has the subject, and (if the certificate says it was destroyed)
-                        the subject's key from before the erasure is gone from the key store
+                        record has the subject, no data key the erasure entry says it destroyed
+                        is in the key store (by id), and (if the certificate says it was
+                        destroyed) the subject's key from before the erasure is gone
 """
 
 from __future__ import annotations
@@ -252,7 +253,9 @@ def verify_certificate(
         return report
     report.add("store_identity", *_store_identity(store_id, key, checkpoint, store))
     report.add("store_log", *_store_log(entries, checkpoint, store))
-    report.add("store_absent", *_absent(store, request, erasure, record_ids, tenant=tenant, request_id=request_id))
+    report.add(
+        "store_absent", *_absent(store, request, erasure, record_ids, entries, tenant=tenant, request_id=request_id)
+    )
     return report
 
 
@@ -327,6 +330,7 @@ def _stated(body: dict[str, Any], *, tenant: str, request_id: str) -> Stated:
         kind=_field(request, "kind", str, where),
         basis=_field(request, "basis", str, where),
         records=_count(body["erasure"], "records", "certificate.erasure"),
+        keys_destroyed=_count(body["erasure"], "keys_destroyed", "certificate.erasure", 0),
         received_at=_time(request, "received_at", where),
         completed_at=_time(request, "completed_at", where),
         deadline=_time(request, "deadline", where),
@@ -556,11 +560,29 @@ def _within(scope: tuple[str | None, ...], key: bytes, space: tuple[str, ...]) -
     return all(want is None or want == space_pseudonym(key, have) for want, have in zip(scope, space, strict=True))
 
 
+def _destroyed_keys(entries: _Entries | _Invalid) -> list[bytes] | None:
+    """The ids of the data keys the certificate's erasure entry says it destroyed; None if
+    it names none (a v1 certificate, or an erasure logged before its entry did)."""
+    if isinstance(entries, _Invalid) or entries.erasure is None:
+        return None
+    try:
+        keys = Entry.decode(entries.erasure.entry).fields.get("keys")
+    except EntryError as exc:
+        raise _Invalid(f"certificate.erasure_entry.entry: {exc.message}") from None
+    if keys is None:
+        return None
+    try:
+        return [bytes.fromhex(key) for key in keys]
+    except (TypeError, ValueError):
+        raise _Invalid("the erasure entry's keys are not key ids") from None
+
+
 def _absent(
     store: StoreEvidence,
     request: dict[str, Any],
     erasure: dict[str, Any],
     record_ids: list[str],
+    entries: _Entries | _Invalid,
     *,
     tenant: str,
     request_id: str,
@@ -573,12 +595,20 @@ def _absent(
         key_destroyed = _field(erasure, "key_destroyed", bool, "certificate.erasure")
         scope = _request_scope(request)
         completed = _time(request, "completed_at", "certificate.request")
+        destroyed = _destroyed_keys(entries)
     except _Invalid as exc:
         return False, f"absence cannot be checked: {exc}"
     live = store.live_ids(tenant, record_ids)
     if live:
         return False, f"{len(live)} erased record(s) are live again, e.g. {live[0]}"
     detail = f"none of the {len(record_ids)} erased record(s) is live"
+    if destroyed:
+        # By id, which the key's wrapping binds: a destroyed key put back from a backup
+        # keeps it (its creation time, which nothing authenticates, can say anything).
+        back = store.key_ids_present(destroyed)
+        if back:
+            return False, f"a data key this erasure destroyed is in the key store again (key {back[0].hex()})"
+        detail += f", none of the {len(destroyed)} data key(s) it destroyed is back in the key store"
     if ref is None:
         return True, detail
     spaces = store.live_subject_spaces(tenant, ref)
@@ -602,9 +632,14 @@ def _absent(
             detail += f" ({held} outside it, which this erasure did not reach)"
     if key_destroyed:
         # A key made after the erasure is a later write's (inside the scope, its records
-        # fail above): only one from before it is the key that was to be destroyed.
+        # fail above): only one from before it is the key that was to be destroyed. Told
+        # by its creation time, which the key store does not authenticate: for an erasure
+        # whose entry names no key ids (above), and for a key of the subject that another
+        # erasure, still pending, was destroying.
         created = store.key_created_at(tenant, ref)
         if created is not None and created <= completed:
             return False, "the subject's data key is still in the key store"
         detail += "; the subject's data key from before the erasure is gone"
+        if destroyed is None:
+            detail += " (by its creation time, which the key store does not authenticate: no key id is logged)"
     return True, detail

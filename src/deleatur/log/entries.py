@@ -38,7 +38,7 @@ class EventType(enum.StrEnum):
     #: One per erased record: record id, request id, legal basis, time. Nothing else.
     TOMBSTONE = "tombstone"
     #: The erasure request itself: request id, basis, tenant, records erased, and (from
-    #: this release) when it was received and its kind, which its certificate states.
+    #: this release) when it was received, its kind and the ids of the data keys it destroyed.
     ERASURE = "erasure"
     #: Restriction of processing set or lifted (Art. 18), the subject as a pseudonym.
     RESTRICT = "restrict"

@@ -121,6 +121,20 @@ class StoreEvidence:
         ).fetchone()
         return None if row is None or row[0] is None else bytes(row[0])
 
+    def key_ids_present(self, key_ids: Iterable[bytes]) -> list[bytes]:
+        """Those of ``key_ids`` the key store holds."""
+        found: list[bytes] = []
+        wanted = list(key_ids)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            found += [
+                bytes(r[0])
+                for r in self._keys.execute(
+                    f"SELECT key_id FROM data_keys WHERE key_id IN ({', '.join('?' * len(chunk))})", chunk
+                )
+            ]
+        return found
+
     def key_created_at(self, tenant: str, subject_ref: bytes) -> int | None:
         """When the subject's data key was made, if it has one."""
         row = self._keys.execute(
