@@ -507,6 +507,24 @@ def test_a_tombstone_removed_from_the_log_fails(
     assert _verify(memory, cert, evidence) == ["store_log"]
 
 
+def test_an_entry_edited_inside_the_certified_tree_fails_the_store_log_check(
+    erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
+) -> None:
+    """Check 9 re-derives the certified tree from the store's entries: the stored subtree
+    hashes, left as they were beside an edited entry, still produce the certified root."""
+    memory, cert, _ = erased
+    assert _verify(memory, cert, evidence) == []
+    index, raw = next((i, r) for i, r in memory.backend.log_entries() if b'"type":"write"' in r)
+    memory.backend._conn.execute(  # type: ignore[attr-defined]
+        "UPDATE log_entries SET entry = ? WHERE idx = ?", (raw.replace(b'"commitment":"', b'"commitment":"0'), index)
+    )
+    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    assert [c.name for c in report.failed] == ["store_log"]
+    assert _detail(report, "store_log") == (
+        "the store's log entries no longer produce the certificate's tree: an entry in it was changed"
+    )
+
+
 def test_a_rewritten_log_re_signed_with_the_same_key_fails_the_pinned_checkpoint(
     erased: tuple[Memory, dict[str, Any], Note], evidence: StoreEvidence
 ) -> None:

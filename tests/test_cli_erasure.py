@@ -306,3 +306,23 @@ def test_certificate_refuses_a_request_row_edited_against_the_log(cli: Cli, stor
     assert code == 1
     assert "erasure request DSAR-17 contradicts its log entries (the request's receipt time is not" in err
     assert "EDITED" not in err and not cert.exists()
+
+
+def test_verify_with_the_store_re_derives_the_certified_tree_from_its_entries(
+    cli: Cli, store: Path, tmp_path: Path
+) -> None:
+    """An entry of the certified tree edited in the store's files, its stored hashes left
+    alone: check 9 fails, and `log verify` too."""
+    assert cli("erase", "alice smith", *ERASE)[0] == 0
+    cert = tmp_path / "cert.json"
+    assert cli("certificate", "--request-id", "DSAR-17", "--out", str(cert))[0] == 0
+    conn = apsw.Connection(str(store))
+    [(index, raw)] = conn.execute('SELECT idx, entry FROM log_entries WHERE instr(entry, \'"type":"write"\') LIMIT 1')
+    conn.execute(
+        "UPDATE log_entries SET entry = ? WHERE idx = ?", (bytes(raw).replace(b'"time":1', b'"time":2'), index)
+    )
+    conn.close()
+    code, out, _ = cli("verify", str(cert), "--store", str(store))
+    assert code == 1
+    assert "FAIL  9 store_log: the store's log entries no longer produce the certificate's tree" in out
+    assert out.strip().endswith("VERDICT: FAIL (check 9 store_log)")

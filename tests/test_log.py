@@ -433,3 +433,28 @@ def test_verify_receipt_refuses_arguments_of_the_wrong_type(memory: Memory) -> N
     with pytest.raises(InvalidInputError, match="pinned must be True or False"):
         verify_receipt(receipt, [key], pinned=1)  # type: ignore[arg-type]
     assert verify_receipt(receipt, [key], pinned=True).ok
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_edited_entry_is_placed_before_or_after_the_pinned_checkpoint(memory: Memory, where: str) -> None:
+    """Check 7 re-derives the pinned tree's root from the entries: an edit inside it is
+    named so, and one after it no longer blames the pinned checkpoint's tree."""
+    memory.remember_many([NewMemory(f"n{i}", subject=f"p{i}") for i in range(6)])
+    pinned = memory.checkpoint()
+    size = Checkpoint.parse(pinned.text).size
+    memory.remember_many([NewMemory(f"m{i}", subject=f"q{i}") for i in range(6)])
+    memory.checkpoint()
+    index = size - 2 if where == "before" else size + 3
+    [(_, raw)] = list(memory.backend.log_entries(index, index + 1))
+    assert b'"type":"write"' in raw
+    _conn(memory).execute(
+        "UPDATE log_entries SET entry = ? WHERE idx = ?", (raw.replace(b'"time":1', b'"time":2'), index)
+    )
+    report = memory.verify_log(pinned_keys=memory.log.verifiers()[:1], pinned_checkpoint=pinned)
+    [detail] = [c.detail for c in report.failed if c.name == "pinned"]
+    if where == "before":
+        assert detail.startswith(f"the log's first {size} entries do not produce the pinned checkpoint's root")
+    else:
+        assert detail.startswith(f"the entries of the pinned checkpoint's tree (size {size}) are intact")
+        assert f"an entry at index {size} or later" in detail
+    assert f"subtree 0/{index} does not match" in next(c.detail for c in report.failed if c.name == "stored_tree")

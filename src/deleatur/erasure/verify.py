@@ -23,7 +23,8 @@ to the store's files. It runs these checks, in order:
  8. store_identity      (--store) the store is the one the certificate was issued from: its id
                         and log, and its log announced the certificate's key, the key current
                         at the certified size (announcements proven in the certified tree)
- 9. store_log           (--store) the store's log still holds the tombstones and the tree
+ 9. store_log           (--store) the store's log still holds the tombstones, and its entries
+                        re-derive the certified tree (not its stored hashes, which need not match)
 10. store_absent        (--store) within the erasure's scope: no erased id is live, no live
                         record has the subject, no data key the erasure entry says it destroyed
                         is in the key store (by id), and (if the certificate says it was
@@ -42,9 +43,10 @@ from ..ids import is_record_id
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
 from ..log.keychain import KeyChain, key_entry_proofs, proven_key_chain, unproven_hint
-from ..log.merkle import ProofError, consistency_proof, leaf_hash, subtree_root, verify_consistency, verify_inclusion
+from ..log.merkle import CompactRange, ProofError, consistency_proof, leaf_hash, verify_consistency, verify_inclusion
 from ..log.note import Note, NoteError, Verifier, b64decode, check_key_name, describe, parse_verifier, signers_of
 from ..log.report import Report
+from ..log.retention import pruned_leaf
 from ..model import check_tenant, loads_document
 from ..store.evidence import StoreEvidence
 from .certificate import CONTEXTS, FORMAT, Stated, contradiction, signed_message
@@ -514,12 +516,19 @@ def _store_log(entries: _Entries | _Invalid, checkpoint: Checkpoint, store: Stor
         if item.index >= checkpoint.size or store.log_entry(item.index) != item.entry:
             what = "the erasure entry" if item is entries.erasure else "tombstone"
             return False, f"{what} {item.index} is missing from the store's log"
-    try:
-        if subtree_root(0, checkpoint.size, store.log_node) != checkpoint.root:
-            return False, "the store's log no longer produces the certificate's tree"
-    except NotFoundError:
-        return False, "the store's log is missing hashes of the certificate's tree"
-    return True, f"the store's log ({size} entries) still holds the certified tree"
+    # From the entries themselves: the stored subtree hashes are a cache for proofs, and
+    # an entry edited beside them leaves them producing the certified root.
+    tree = CompactRange()
+    for index, raw in store.log_entries(checkpoint.size):
+        if index != tree.size:
+            return False, f"entry {tree.size} of the certified tree is missing from the store's log"
+        leaf = pruned_leaf(raw)  # audit retention keeps a pruned entry's leaf hash
+        tree.append(leaf_hash(raw) if leaf is None else leaf)
+    if tree.size != checkpoint.size:
+        return False, f"entry {tree.size} of the certified tree is missing from the store's log"
+    if tree.root() != checkpoint.root:
+        return False, "the store's log entries no longer produce the certificate's tree: an entry in it was changed"
+    return True, f"the store's log ({size} entries) still holds the certified tree, re-derived from its entries"
 
 
 def _subject_ref(erasure: dict[str, Any]) -> bytes | None:

@@ -80,11 +80,13 @@ def verify_log(
     compact = CompactRange()
     keys: list[tuple[int, Verifier]] = []
     roots: dict[int, bytes] = {}
-    wanted = sorted(notes_by_size)
+    # The roots to re-derive: every checkpoint's, and the pinned one's, so that check 7
+    # can tell an edit inside the pinned tree from one after it.
+    wanted = sorted({*notes_by_size, *_size_of(pinned_checkpoint)})
     entry_problem = key_problem = tree_problem = None
     cursors: dict[int, Iterator[tuple[int, bytes]]] = {}
     expected_index = 0
-    if 0 in notes_by_size:
+    if 0 in wanted:
         roots[0] = compact.root()
     next_wanted = 0
     anchors = AnchorChecker()
@@ -158,7 +160,7 @@ def verify_log(
             root_problem = root_problem or f"checkpoint of size {cp_size} has a root the entries do not produce"
     report.add("roots", root_problem is None, root_problem or "every checkpoint root re-derived from the entries")
 
-    latest = wanted[-1] if wanted else None
+    latest = max(notes_by_size, default=None)
     if latest is None:
         report.add("coverage", False, "the log has no checkpoint")
     elif latest != size:
@@ -201,6 +203,14 @@ def verify_log(
     return report
 
 
+def _size_of(pinned: Note | None) -> list[int]:
+    """The pinned checkpoint's tree size, if it has one that parses (check 7 says if not)."""
+    try:
+        return [] if pinned is None else [Checkpoint.parse(pinned.text).size]
+    except NoteError:
+        return []
+
+
 def _pinned(
     pinned: Note,
     *,
@@ -234,12 +244,23 @@ def _pinned(
         )
     if old.size > size:
         return False, f"the log has {size} entries, fewer than the pinned checkpoint's {old.size}: it was truncated"
+    if roots.get(old.size) != old.root:
+        return False, (
+            f"the log's first {old.size} entries do not produce the pinned checkpoint's root: an entry before"
+            f" index {old.size} was changed, or the log was rewritten"
+        )
     current_root = roots.get(size)
     if consistency is None or current_root is None:
         return False, "the current tree has no signed checkpoint to prove consistency against"
     try:
         verify_consistency(old.size, size, old.root, current_root, consistency(old.size, size))
     except ProofError as exc:
-        return False, f"not consistent with the pinned checkpoint of size {old.size}: {exc.message}"
+        # The pinned tree's own entries re-derive its root (above): what fails is the
+        # log after it, whose entries and stored hashes disagree (checks 4 and 6 say where).
+        return False, (
+            f"the entries of the pinned checkpoint's tree (size {old.size}) are intact, but the stored hashes"
+            f" do not prove the log's {size} entries extend it: an entry at index {old.size} or later, or a"
+            f" stored hash, was changed ({exc.message})"
+        )
     by = "" if not pinned_keys or signer in pinned_keys else f", signed by {describe(signer)} of the key chain"
     return True, f"consistent with the pinned checkpoint of size {old.size}{by}"

@@ -60,6 +60,11 @@ class StoreEvidence:
         row = self._db.execute("SELECT entry FROM log_entries WHERE idx = ?", (index,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def log_entries(self, size: int) -> Iterator[tuple[int, bytes]]:
+        """The log's first ``size`` entries (those present), oldest first."""
+        for idx, raw in self._db.execute("SELECT idx, entry FROM log_entries WHERE idx < ? ORDER BY idx", (size,)):
+            yield int(idx), bytes(raw)
+
     def key_entries(self, size: int) -> list[tuple[int, bytes]]:
         """The log's key announcements among its first ``size`` entries, oldest first (a
         superset: the caller checks each entry's type, and its inclusion)."""
