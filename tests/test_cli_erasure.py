@@ -56,7 +56,7 @@ def test_dry_run_erase_certificate_verify(cli: Cli, store: Path, tmp_path: Path)
     assert any(line.startswith("NOTE NOT ANCHORED") for line in lines)
 
     data = json.loads(cert.read_text())
-    data["certificate"]["issued_at"] = "2099-01-01T00:00:00Z"
+    data["certificate"]["issued_at"] = "2020-01-01T00:00:00Z"
     cert.write_text(json.dumps(data))
     code, out, _ = cli("verify", str(cert), "--store", str(store), "--expected-pubkey", vkey.strip())
     assert code == 1

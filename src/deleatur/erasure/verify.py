@@ -336,7 +336,6 @@ def _stated(body: dict[str, Any], *, tenant: str, request_id: str) -> Stated:
         received_at=_time(request, "received_at", where),
         completed_at=_time(request, "completed_at", where),
         deadline=_time(request, "deadline", where),
-        issued_at=_time(body, "issued_at", "certificate"),
     )
 
 
