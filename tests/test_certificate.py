@@ -523,6 +523,15 @@ def test_an_entry_edited_inside_the_certified_tree_fails_the_store_log_check(
     assert _detail(report, "store_log") == (
         "the store's log entries no longer produce the certificate's tree: an entry in it was changed"
     )
+    # The erasure entry the certificate carries, edited in the store, is named as such.
+    erasure = cert["certificate"]["erasure_entry"]
+    raw = base64.b64decode(erasure["entry"])
+    memory.backend._conn.execute(  # type: ignore[attr-defined]
+        "UPDATE log_entries SET entry = ? WHERE idx = ?",
+        (raw.replace(b'"records":2', b'"records":0'), erasure["index"]),
+    )
+    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    assert _detail(report, "store_log") == f"the erasure entry {erasure['index']} is changed in the store's log"
 
 
 def test_a_rewritten_log_re_signed_with_the_same_key_fails_the_pinned_checkpoint(

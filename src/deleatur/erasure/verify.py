@@ -512,9 +512,10 @@ def _store_log(entries: _Entries | _Invalid, checkpoint: Checkpoint, store: Stor
         return False, f"the tombstones cannot be looked up: {entries}"
     for item in entries.all():
         # An index past the certified tree is not one of its entries (and may not fit the store's integers).
-        if item.index >= checkpoint.size or store.log_entry(item.index) != item.entry:
+        stored = None if item.index >= checkpoint.size else store.log_entry(item.index)
+        if stored != item.entry:
             what = "the erasure entry" if item is entries.erasure else "tombstone"
-            return False, f"{what} {item.index} is missing from the store's log"
+            return False, f"{what} {item.index} is {'missing from' if stored is None else 'changed in'} the store's log"
     # From the entries themselves: the stored subtree hashes are a cache for proofs, and
     # an entry edited beside them leaves them producing the certified root.
     tree = CompactRange()
