@@ -55,8 +55,14 @@ def _version(path: Path) -> int:
         conn.close()
 
 
+def _undo_v16(conn: apsw.Connection) -> None:
+    """The log as v15 left it: its entries carry no MAC."""
+    conn.execute("ALTER TABLE log_entries DROP COLUMN mac")
+
+
 def _undo_v15(conn: apsw.Connection) -> None:
     """The confirmation tokens as v14 left them: no terms."""
+    _undo_v16(conn)
     conn.execute("ALTER TABLE erasure_confirmations DROP COLUMN terms")
 
 

@@ -293,8 +293,16 @@ class Memory:
         self._term_hashers: dict[str, hashlib.blake2b] = {}
         self.signing_key_path = signing_key_path(Path(backend.files()[0]))
         self.log = TransparencyLog(
-            backend, origin=f"deleatur/{backend.store_id}", signer=self._load_signer(), clock=clock
+            backend,
+            origin=f"deleatur/{backend.store_id}",
+            signer=self._load_signer(),
+            mac=keys.log_entries.mac,
+            clock=clock,
         )
+        if backend.log_macs_pending():
+            # Schema v16, before anything here signs: the entries written before get
+            # their MACs, trusted as they are (see README, "Upgrading to schema v16").
+            backend.mac_log_entries(self.log.entry_mac)
         self.checkpoint_interval_us = checkpoint_interval_us
         self._shared = _Shared(signed_at=-checkpoint_interval_us, keys_announced=bool(backend.signing_keys()))
         self._refusals = calls.RefusalBudget()  # shared with the views, as _shared is
@@ -535,7 +543,13 @@ class Memory:
                 # tail another connection left stays for verification to find, and a
                 # verification (which writes nothing) leaves the store as it found it, its
                 # verdict repeatable.
-                self._checkpoint()
+                try:
+                    self._checkpoint()
+                except IntegrityError:
+                    # The log holds entries the store did not write: no later close could
+                    # sign either, so the files close, and the caller learns why.
+                    finished = True
+                    raise
             finished = True
         finally:
             if finished or abandoned:
@@ -804,7 +818,9 @@ class Memory:
         ``audit_only`` transactions (a call's audit entry and nothing else, or an
         upgrade's rewrite as the store opens) go ahead without the signing key: a read
         must not go unrecorded because the key is missing, and its entry stays uncovered,
-        failing `log verify`, until it returns.
+        failing `log verify`, until it returns. They go ahead too, unsigned, where the log
+        holds entries the store did not write (which it refuses to sign, IntegrityError):
+        an operator can still read the store and its log to see what was added.
 
         In a :class:`WriteGroup` the transaction is a savepoint of the group's, and only
         an erasure's (``sign``) is signed on its own: the group signs as it commits.
@@ -825,8 +841,16 @@ class Memory:
                 self.log.append(events)
                 signed = (group is None or sign) and self._signing_due(sign)
                 if signed:
-                    self.log.sign_appended()
-                    self._shared.signed_at = self._clock()
+                    try:
+                        self.log.sign_appended()
+                    except IntegrityError:
+                        if not audit_only:
+                            raise
+                        # The log holds entries the store did not write, and the check
+                        # wrote nothing: a read is recorded all the same, uncovered.
+                        signed = False
+                    else:
+                        self._shared.signed_at = self._clock()
         if events:
             self._shared.unsigned = not signed
             self.log.committed()
@@ -1261,19 +1285,23 @@ class Memory:
         pinned_checkpoint: Note | None = None,
         size: int | None = None,
     ) -> Report:
+        refused = None
         if size is not None:
             check_int(size, "size", low=0)
             if self.backend.checkpoint(size) is None:
                 raise NotFoundError(f"no stored checkpoint of size {size}")
         else:
-            self._sign_pending()
+            try:
+                self._sign_pending()
+            except IntegrityError as exc:
+                refused = exc  # entries the store did not write: verified as they are, and said why
 
         def level(height: int) -> Iterator[tuple[int, bytes]]:
             # The stored subtrees wholly within the first ``size`` entries.
             nodes = self.backend.log_level(height)
             return nodes if size is None else ((i, h) for i, h in nodes if (i + 1) << height <= size)
 
-        return verify_log(
+        report = verify_log(
             self.backend.log_entries(end=size),
             ((n, note) for n, note in self.backend.checkpoints() if size is None or n <= size),
             level,
@@ -1281,6 +1309,9 @@ class Memory:
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
         )
+        if refused is not None:
+            report.notes.append(f"NOT SIGNED: {refused.message}")
+        return report
 
     @guarded("audit.show", V)
     def audit_entries(

@@ -91,6 +91,22 @@ class BlindIndex:
         return purpose[0] + ref.hex()[:12]
 
 
+class EntryAuthenticator:
+    """MACs of the log's entries (HMAC-SHA-256 under a key derived from the master key):
+    an entry's MAC shows that a holder of the store's secrets appended it, which a
+    checkpoint's signature alone does not, since the store signs entries anyone who can
+    write to the database could have left (see ``TransparencyLog``). It covers the
+    entry's leaf hash, not its bytes, so an entry that audit retention pruned to its leaf
+    hash keeps its MAC, and its index, so it cannot be moved."""
+
+    def __init__(self, key: bytes, store_id: str) -> None:
+        self._key = key
+        self._prefix = _frame(("deleatur/log-entry/v1", store_id))
+
+    def mac(self, index: int, leaf: bytes) -> bytes:
+        return hmac.digest(self._key, self._prefix + _frame((index.to_bytes(8, "big"), leaf)), "sha256")
+
+
 class KeyStore:
     def __init__(
         self, path: Path, *, store_id: str, conn: apsw.Connection, master: bytes, random: Random, clock: Clock
@@ -100,6 +116,7 @@ class KeyStore:
         self._conn = conn
         self._wrap = AESGCM(_hkdf(master, b"deleatur/v1/wrap"))
         self.index = BlindIndex(_hkdf(master, b"deleatur/v1/index"))
+        self.log_entries = EntryAuthenticator(_hkdf(master, b"deleatur/v1/log-entry"), store_id)
         self._random = random
         self._clock = clock
         # Unwrapped keys, each with the key store's data_version when it was last seen in

@@ -4,11 +4,20 @@ Entries and complete-subtree hashes live in the store's own database (through
 the backend protocol), so an operation and the log entries describing it commit
 in one transaction. Appending reads the O(log n) peaks of the tree and writes
 O(1) amortized nodes per entry; proofs read O(log n) stored hashes.
+
+Whoever can write to the database can add entries, and the subtree hashes to match,
+without any of the store's keys; a checkpoint the store then signed over them would
+vouch for them as its own. So each entry carries a MAC under a key derived from the
+master key, and before signing a tree the log checks the entries no checkpoint it
+signed covers yet: their MACs, and the stored hashes against the tree rebuilt from
+them on top of that checkpoint's. A tree this handle built itself on one it had
+checked, with no other connection committing since, is signed without reading it back.
 """
 
 from __future__ import annotations
 
 import base64
+import hmac
 from collections.abc import Callable, Sequence
 
 from ..clock import Clock
@@ -17,8 +26,11 @@ from ..store.protocol import Backend
 from .checkpoint import Checkpoint
 from .entries import Entry, EventType
 from .merkle import CompactRange, NodeReader, consistency_proof, inclusion_proof, leaf_hash, subtree_root
-from .note import Note, Signer, Verifier
+from .note import Note, NoteError, Signer, Verifier
 from .retention import pruned_leaf
+
+#: mac(index, leaf hash): an entry's MAC under the store's secret (EntryAuthenticator).
+EntryMac = Callable[[int, bytes], bytes]
 
 ROTATION_CONTEXT = b"deleatur/key-rotation/v1\n"
 
@@ -45,18 +57,28 @@ class _Recorder:
         return bytes(32)
 
 
+def leaf_of(raw: bytes) -> bytes:
+    """The leaf hash of a stored entry, whole or pruned by audit retention."""
+    leaf = pruned_leaf(raw)
+    return leaf_hash(raw) if leaf is None else leaf
+
+
 class TransparencyLog:
-    def __init__(self, backend: Backend, *, origin: str, signer: Signer | None, clock: Clock) -> None:
+    def __init__(self, backend: Backend, *, origin: str, signer: Signer | None, mac: EntryMac, clock: Clock) -> None:
         self.backend = backend
         self.origin = origin
         self.signer = signer
+        self._mac = mac
         self._clock = clock
-        self._appended: tuple[int, bytes] | None = None
         # The tree's right edge after our last committed append, valid while no other
-        # connection has committed (PRAGMA data_version unchanged) and the size agrees.
+        # connection has committed (PRAGMA data_version unchanged) and the size agrees;
+        # "authentic" if every entry and stored hash of the log up to it is known good:
+        # checked before a signing, or appended since by this handle on such a tree.
         self._cache: CompactRange | None = None
+        self._cache_authentic = False
         self._uncommitted: CompactRange | None = None
-        self._cache_version = -1
+        self._uncommitted_authentic = False
+        self._cache_version = self._uncommitted_version = -1
 
     # -- reading stored hashes -----------------------------------------------------
 
@@ -97,24 +119,38 @@ class TransparencyLog:
     def append(self, entries: Sequence[tuple[Entry, str | None]]) -> int:
         """Append inside the caller's transaction; returns the index of the first entry."""
         start = self.backend.log_size()
+        version = self.backend.data_version()
         cached, self._cache = self._cache, None
-        if cached is not None and cached.size == start and self._cache_version == self.backend.data_version():
+        if cached is not None and cached.size == start and self._cache_version == version:
             # No other connection committed since our last committed append, and the
             # size agrees: the cached right edge is the log's.
-            compact = cached
+            compact, authentic = cached, self._cache_authentic
         else:
             compact = CompactRange(start, self.backend.log_nodes(CompactRange.peak_positions(start)))
-        encoded = [(entry.encode(), record_id) for entry, record_id in entries]
-        nodes = [node for raw, _ in encoded for node in compact.append(leaf_hash(raw))]
-        self.backend.log_append(start, encoded, nodes)
-        self._appended = (compact.size, compact.root())
-        self._uncommitted = compact
+            authentic = False
+        rows: list[tuple[bytes, str | None, bytes]] = []
+        nodes: list[tuple[int, int, bytes]] = []
+        for entry, record_id in entries:
+            raw = entry.encode()
+            leaf = leaf_hash(raw)
+            rows.append((raw, record_id, self._mac(compact.size, leaf)))
+            nodes += compact.append(leaf)
+        self.backend.log_append(start, rows, nodes)
+        self._uncommitted, self._uncommitted_authentic = compact, authentic
+        # A transaction that rolled back leaves this tree behind: another connection's
+        # commit since (and only that could bring the log back to its size) retires it.
+        self._uncommitted_version = version
         return start
+
+    def entry_mac(self, index: int, raw: bytes) -> bytes:
+        """The MAC entry ``index`` must carry (for a store upgraded to schema v16)."""
+        return self._mac(index, leaf_of(raw))
 
     def committed(self) -> None:
         """The transaction of the last append committed (or, in a write group, its
         savepoint was released): its tree may be reused."""
         self._cache, self._uncommitted = self._uncommitted, None
+        self._cache_authentic = self._uncommitted_authentic
         self._cache_version = self.backend.data_version()
 
     def rolled_back(self) -> None:
@@ -122,16 +158,17 @@ class TransparencyLog:
         self._cache = self._uncommitted = None
 
     def sign_appended(self) -> Note:
-        """Sign the tree the last ``append`` made, in the same transaction: its root is
-        already known from the peaks, so nothing is read back. The size is new, so no
-        checkpoint of it can exist (the store refuses a second one if it somehow did)."""
+        """Sign the tree the last ``append`` made, in the same transaction: if it was
+        built on a tree already checked, its root is known from the peaks and nothing is
+        read back. The size is new, so no checkpoint of it can exist (the store refuses a
+        second one if it somehow did)."""
         if self.signer is None:
             raise LogError("this store has no signing key; run `deleatur keys new`")
-        assert self._appended is not None
-        size, root = self._appended
-        body = Checkpoint(self.origin, size, root).body()
+        assert self._uncommitted is not None
+        compact = self._authentic(self._uncommitted.size, (self.signer,))
+        body = Checkpoint(self.origin, compact.size, compact.root()).body()
         note = Note(body, (self.signer.sign(body),))
-        self.backend.put_checkpoint(size, note.format(), replace=False)
+        self.backend.put_checkpoint(compact.size, note.format(), replace=False)
         return note
 
     def checkpoint(self, *extra_signers: Signer) -> Note:
@@ -143,7 +180,7 @@ class TransparencyLog:
         if self.signer is None:
             raise LogError("this store has no signing key; run `deleatur keys new`")
         size = self.backend.log_size()
-        body = Checkpoint(self.origin, size, self.root(size)).body()
+        body = Checkpoint(self.origin, size, self._authentic(size, (self.signer, *extra_signers)).root()).body()
         existing = self.backend.checkpoint(size)
         if existing is not None and not existing[1].startswith(body + "\n"):
             raise IntegrityError(f"refusing to sign a second, different checkpoint for size {size}")
@@ -151,6 +188,90 @@ class TransparencyLog:
         if existing is None or extra_signers:
             self.backend.put_checkpoint(size, note.format(), replace=True)
         return note
+
+    # -- what the store signs ------------------------------------------------------
+
+    def _authentic(self, size: int, signers: Sequence[Signer]) -> CompactRange:
+        """The tree of the log's first ``size`` entries, once it is known that the
+        store's own writers made it (raises IntegrityError otherwise): the tree this
+        handle is building in its transaction, or the one it last committed, if it was
+        checked (no other connection has committed since); else checked now."""
+        version = self.backend.data_version()
+        edge: CompactRange | None = None
+        if self._uncommitted is not None and self._uncommitted_version == version:
+            edge, authentic = self._uncommitted, self._uncommitted_authentic
+        elif self._cache is not None and self._cache_version == version:
+            edge, authentic = self._cache, self._cache_authentic
+        if edge is not None and edge.size == size:
+            if authentic:
+                return edge
+            checked = self._checked_tree(size, signers)
+            # The handle's tree is the stored one, now checked: what it appends next on
+            # top of it in this transaction, or after it commits, needs no check.
+            if edge is self._uncommitted:
+                self._uncommitted_authentic = True
+            else:
+                self._cache_authentic = True
+            return checked
+        return self._checked_tree(size, signers)
+
+    def _checked_tree(self, size: int, signers: Sequence[Signer]) -> CompactRange:
+        """The tree of the first ``size`` entries, rebuilt from the entries after the
+        newest stored checkpoint one of ``signers`` signed (the whole log if there is
+        none) on top of the stored hashes that checkpoint's root vouches for. Each of
+        those entries must carry its MAC, and every stored hash they complete must be
+        the one rebuilt; the first that is not is named in an IntegrityError, and
+        nothing is signed. The cost is that of the unsigned tail, not of the log."""
+        anchor = self._anchor(size, signers)
+        start = 0 if anchor is None else anchor.size
+        compact = CompactRange(start, self.backend.log_nodes(CompactRange.peak_positions(start)))
+        if anchor is not None and compact.root() != anchor.root:
+            raise IntegrityError(
+                f"the log's stored subtree hashes at tree size {start} do not give the root this store signed"
+                " there: the database was altered; nothing was signed"
+            )
+        made: list[tuple[int, int, bytes]] = []
+        for index, raw, mac in self.backend.log_entries_with_macs(start, size):
+            leaf = leaf_of(raw)
+            if index != compact.size or mac is None or not hmac.compare_digest(mac, self._mac(index, leaf)):
+                raise IntegrityError(
+                    f"log entry {compact.size} was not written with this store's keys (its MAC is missing or"
+                    " wrong, or the entry is missing): the database was altered, or an older release wrote to it"
+                    " after the upgrade; nothing was signed over it"
+                )
+            made += compact.append(leaf)
+        if compact.size != size:
+            raise IntegrityError(f"log entry {compact.size} is missing; nothing was signed")
+        stored = self.backend.log_nodes([(level, index) for level, index, _ in made])
+        for (level, index, digest), found in zip(made, stored, strict=True):
+            if found != digest:
+                raise IntegrityError(
+                    f"the log's stored hash of subtree {level}/{index} does not match its entries:"
+                    " the database was altered; nothing was signed"
+                )
+        return compact
+
+    def _anchor(self, size: int, signers: Sequence[Signer]) -> Checkpoint | None:
+        """The newest stored checkpoint one of ``signers`` signed (a row that is not
+        one is someone else's, and passed over), None if there is none; refused if it
+        is of a tree larger than the log: entries it covers are gone."""
+        verifiers = [signer.verifier for signer in signers]
+        for stored, text in self.backend.checkpoints(newest_first=True):
+            try:
+                note = Note.parse(text)
+                checkpoint = Checkpoint.parse(note.text)
+            except NoteError:
+                continue
+            signed = any(v.matches(s) and v.verify(note.text, s) for s in note.signatures for v in verifiers)
+            if not signed or checkpoint.origin != self.origin or checkpoint.size != stored:
+                continue
+            if stored > size:
+                raise IntegrityError(
+                    f"the log has {size} entries, fewer than the {stored} of a checkpoint this store signed:"
+                    " entries were removed; nothing was signed"
+                )
+            return checkpoint
+        return None
 
     def latest_checkpoint(self) -> Note:
         found = self.backend.checkpoint()

@@ -168,7 +168,9 @@ def verify_log(
             "coverage",
             False,
             f"the newest checkpoint covers {latest} of {size} entries (entries were cut with their "
-            "checkpoint, or a writer stopped before signing; `deleatur log checkpoint` signs what is there)",
+            "checkpoint, a writer stopped before signing, or they were added without the store's keys; "
+            "`deleatur log checkpoint` signs them if the store wrote them, and otherwise refuses, naming "
+            "the first it did not)",
         )
     else:
         report.add("coverage", True, f"the newest checkpoint covers all {size} entries")

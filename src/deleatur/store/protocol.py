@@ -7,7 +7,7 @@ supersession rules) lives above it, in :mod:`deleatur.memory`.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,8 +319,9 @@ class Backend(Protocol):
         """Changes whenever another connection commits (SQLite's PRAGMA data_version)."""
         ...
 
-    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None]], nodes: Iterable[Node]) -> None:
-        """Store entries ``start..`` and the complete-subtree hashes they finish."""
+    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None, bytes]], nodes: Iterable[Node]) -> None:
+        """Store entries ``start..`` (each with its record id and MAC) and the
+        complete-subtree hashes they finish."""
         ...
 
     def log_nodes(self, positions: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -332,6 +333,20 @@ class Backend(Protocol):
         ...
 
     def log_entries(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]: ...
+
+    def log_entries_with_macs(self, start: int, end: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+        """(index, entry, MAC) of the entries ``start..end-1``; the MAC is None where the
+        entry has none (it was not written through the store)."""
+        ...
+
+    def log_macs_pending(self) -> bool:
+        """Whether the entries written before schema v16 still lack their MACs."""
+        ...
+
+    def mac_log_entries(self, mac: Callable[[int, bytes], bytes]) -> None:
+        """Schema v16, under the write lock: give every entry without a MAC ``mac(index,
+        entry)``, and end the upgrade's mark; nothing once it has ended."""
+        ...
 
     def log_entries_with_users(self, tenant: str, start: int = 0) -> Iterator[tuple[int, bytes, str | None]]:
         """(index, entry, user id) from ``start``: the user id of the record an entry of a

@@ -297,6 +297,18 @@ def _v15(conn: apsw.Connection) -> None:
     conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES ('scrub_pending', '1')").fetchall()
 
 
+def _v16(conn: apsw.Connection) -> None:
+    """Every log entry carries a MAC under a key derived from the master key (see
+    ``EntryAuthenticator``), and the store signs no entry without a valid one. Computing
+    them needs the keys, so the store is only marked here; opening it with the master
+    key gives the entries written before theirs (trusting them as they are), then
+    removes the mark. A store with an empty log needs none."""
+    conn.execute("ALTER TABLE log_entries ADD COLUMN mac BLOB").fetchall()
+    conn.execute(
+        "INSERT INTO meta(k, v) SELECT 'log_macs', 'pending' WHERE EXISTS (SELECT 1 FROM log_entries)"
+    ).fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -314,6 +326,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     13: _v13,
     14: _v14,
     15: _v15,
+    16: _v16,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

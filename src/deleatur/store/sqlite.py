@@ -7,7 +7,7 @@ import json
 import math
 import uuid
 import weakref
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -928,10 +928,10 @@ class SQLiteBackend:
         assert isinstance(value, int)
         return value
 
-    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None]], nodes: Iterable[Node]) -> None:
+    def log_append(self, start: int, entries: Sequence[tuple[bytes, str | None, bytes]], nodes: Iterable[Node]) -> None:
         self._conn.executemany(
-            "INSERT INTO log_entries(idx, entry, record_id) VALUES (?, ?, ?)",
-            [(start + i, entry, record_id) for i, (entry, record_id) in enumerate(entries)],
+            "INSERT INTO log_entries(idx, entry, record_id, mac) VALUES (?, ?, ?, ?)",
+            [(start + i, entry, record_id, mac) for i, (entry, record_id, mac) in enumerate(entries)],
         )
         self._conn.executemany(
             "INSERT INTO log_nodes(pos, hash) VALUES (?, ?)",
@@ -967,6 +967,41 @@ class SQLiteBackend:
         rows = self._conn.execute(
             "SELECT idx, entry FROM log_entries WHERE idx >= ? AND idx < ? ORDER BY idx",
             (start, end if end is not None else 1 << 62),
+        )
+        for idx, entry in rows:
+            yield int(idx), bytes(entry)
+
+    def log_entries_with_macs(self, start: int, end: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+        rows = self._conn.execute(
+            "SELECT idx, entry, mac FROM log_entries WHERE idx >= ? AND idx < ? ORDER BY idx", (start, end)
+        )
+        for idx, entry, mac in rows:
+            yield int(idx), bytes(entry), None if mac is None else bytes(mac)
+
+    def log_macs_pending(self) -> bool:
+        """Whether the entries written before schema v16 still lack their MACs."""
+        return self._conn.execute("SELECT 1 FROM meta WHERE k = 'log_macs'").fetchone() is not None
+
+    def mac_log_entries(self, mac: Callable[[int, bytes], bytes]) -> None:
+        with immediate(self._conn):
+            if not self.log_macs_pending():
+                return  # another process gave them theirs while this one waited for the lock
+            start = 0
+            while True:
+                # In batches, each read whole before it is written: a million entries are
+                # not held at once, and no cursor reads rows being updated.
+                rows = list(self._entries_without_mac(start))
+                if not rows:
+                    break
+                self._conn.executemany(
+                    "UPDATE log_entries SET mac = ? WHERE idx = ?", [(mac(idx, raw), idx) for idx, raw in rows]
+                )
+                start = rows[-1][0] + 1
+            self._conn.execute("DELETE FROM meta WHERE k = 'log_macs'")
+
+    def _entries_without_mac(self, start: int) -> Iterator[tuple[int, bytes]]:
+        rows = self._conn.execute(
+            "SELECT idx, entry FROM log_entries WHERE idx >= ? AND mac IS NULL ORDER BY idx LIMIT 10000", (start,)
         )
         for idx, entry in rows:
             yield int(idx), bytes(entry)
