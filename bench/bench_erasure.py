@@ -60,7 +60,7 @@ def run(records: int, rounds: int) -> dict[str, Any]:
         t = time.perf_counter()
         memory = build(path, records, rounds * 2)
         results["build_s"] = time.perf_counter() - t
-        key = memory.log.verifiers()[0]
+        key = memory.announced_keys()[0]
 
         dry = []
         for r in range(rounds):

@@ -50,7 +50,7 @@ def evidence(store_path: Path) -> Iterator[StoreEvidence]:
 
 
 def _verify(memory: Memory, cert: Any, store: StoreEvidence | None = None, pinned: Note | None = None) -> list[str]:
-    key = memory.log.verifiers()[0]
+    key = memory.announced_keys()[0]
     report = verify_certificate(cert, expected_key=key, expected_checkpoint=pinned, store=store)
     return [c.name for c in report.failed]
 
@@ -60,7 +60,7 @@ def test_certificate_verifies_with_the_public_key_alone(
 ) -> None:
     memory, cert, pinned = erased
     report = verify_certificate(
-        cert, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence
+        cert, expected_key=memory.announced_keys()[0], expected_checkpoint=pinned, store=evidence
     )
     assert report.ok, report.lines()
     assert report.notes == []
@@ -298,7 +298,7 @@ def test_a_request_about_someone_the_store_never_held_is_certified_as_such(
     assert [r.id for r in memory.erasure_requests()] == ["DSAR-0"]
     cert = memory.certificate("DSAR-0")
     assert "nothing was erased" in cert["certificate"]["scope_statement"]["text"]
-    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    report = verify_certificate(cert, expected_key=memory.announced_keys()[0], store=evidence)
     assert report.ok, report.lines()
     assert _detail(report, "attests_erasure") == NOTHING_HELD
     # It attests nothing: a statement edited to claim more, or a tombstone added, fails.
@@ -332,7 +332,7 @@ def test_an_erasure_limited_to_some_spaces_is_checked_within_them(
     cert = memory.certificate("S1")
     assert cert["certificate"]["erasure"]["key_destroyed"] is False
     assert "u1" not in json.dumps(cert["certificate"]["request"]["scope"])  # its key stays in the store
-    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    report = verify_certificate(cert, expected_key=memory.announced_keys()[0], store=evidence)
     assert report.ok, report.lines()
     assert _detail(report, "store_absent") == (
         "none of the 2 erased record(s) is live, nor any record of the subject within its scope"
@@ -656,7 +656,7 @@ def test_a_certificate_that_repeats_a_key_fails_the_format_check(
     assert text.count(real) == 1
     doubled = text.replace(real, f'"basis": {json.dumps(FAKE_BASIS)}, {real}')
     for document in (doubled, doubled.encode()):
-        report = verify_certificate(document, expected_key=memory.log.verifiers()[0])
+        report = verify_certificate(document, expected_key=memory.announced_keys()[0])
         assert [c.name for c in report.failed] == ["format"]
         assert "repeats a key" in _detail(report, "format")
         assert "retained" not in json.dumps(report.to_json()) and "basis" not in _detail(report, "format")
@@ -667,11 +667,11 @@ def test_an_unsigned_member_beside_the_certificate_fails_the_format_check(
 ) -> None:
     memory, cert, _ = erased
     for extra in ({"extra": 1}, {"note": FAKE_BASIS}):
-        report = verify_certificate({**cert, **extra}, expected_key=memory.log.verifiers()[0])
+        report = verify_certificate({**cert, **extra}, expected_key=memory.announced_keys()[0])
         assert [c.name for c in report.failed] == ["format"]
         assert "besides certificate and signature" in _detail(report, "format")
         assert "retained" not in json.dumps(report.to_json())
-    report = verify_certificate('{"certificate": ', expected_key=memory.log.verifiers()[0])
+    report = verify_certificate('{"certificate": ', expected_key=memory.announced_keys()[0])
     assert [c.name for c in report.failed] == ["format"] and "not JSON" in _detail(report, "format")
 
 
@@ -705,7 +705,7 @@ def test_a_checkpoint_pinned_before_a_key_rotation_anchors_a_later_certificate(
     memory.remember("Alice's phone is +100", subject="Alice")
     memory.erase("Alice", request_id="DSAR-17", basis=BASIS, requester="dpo")
     cert = memory.certificate("DSAR-17")
-    new_key = memory.log.verifiers()[-1]
+    new_key = memory.announced_keys()[-1]
     report = verify_certificate(cert, expected_key=new_key, expected_checkpoint=pinned, store=evidence)
     assert report.ok, report.lines()
     alone = verify_certificate(cert, expected_key=new_key, expected_checkpoint=pinned)

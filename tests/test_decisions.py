@@ -46,7 +46,7 @@ def test_a_snapshot_holds_exactly_the_beliefs_used_and_verifies(memory: Memory) 
     # Anyone with the public key can check the signature over the canonical body.
     row = memory.backend.decision("default", decision_id)
     assert row is not None
-    [verifier] = memory.log.verifiers()
+    [verifier] = memory.announced_keys()
     assert verifier.verify_bytes(CONTEXT + canonical(shown.body), bytes(row["signature"]))
     # The body's hash is in the log.
     logged = [Entry.decode(r) for _, r in memory.backend.log_entries()]

@@ -757,7 +757,7 @@ def test_lineage_survives_every_hard_delete_that_keeps_a_derived_record(
             memory.get(derived.id, space=Space("u2") if subject == "Ann" else Space())
         evidence = StoreEvidence(store_path)
         report = verify_certificate(
-            memory.certificate(request_id), expected_key=memory.log.verifiers()[-1], store=evidence
+            memory.certificate(request_id), expected_key=memory.announced_keys()[-1], store=evidence
         )
         evidence.close()
         assert report.ok, report.lines()

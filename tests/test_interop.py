@@ -60,7 +60,7 @@ def grown(memory: Memory) -> Memory:
 
 
 def test_go_reference_verifies_checkpoint_and_proofs(grown: Memory, goverify: Path, tmp_path: Path) -> None:
-    vkey = grown.log.verifiers()[0].vkey
+    vkey = grown.announced_keys()[0].vkey
     old = grown.checkpoint()
     (tmp_path / "old.txt").write_text(old.format())
     grown.remember_many([NewMemory(f"more {i}", subject="s") for i in range(23)])
@@ -80,7 +80,7 @@ def test_go_reference_verifies_checkpoint_and_proofs(grown: Memory, goverify: Pa
 
 
 def test_go_reference_rejects_what_we_reject(grown: Memory, goverify: Path, tmp_path: Path) -> None:
-    vkey = grown.log.verifiers()[0].vkey
+    vkey = grown.announced_keys()[0].vkey
     proof = grown.prove(5).format()
     lines = proof.split("\n")
     lines[3] = "A" + lines[3][1:] if not lines[3].startswith("A") else "B" + lines[3][1:]
@@ -97,7 +97,7 @@ def test_aics_tlog_verifies_checkpoint_cosignature_and_inclusion(
     grown: Memory, aics_python: Path, tmp_path: Path
 ) -> None:
     witness = Witness.create(tmp_path / "w.db", "witness.example/w1")
-    witness.add_log(grown.log.verifiers()[0].vkey)
+    witness.add_log(grown.announced_keys()[0].vkey)
     checkpoint = grown.checkpoint()
     cosigned = checkpoint.with_signatures(witness.add_checkpoint(format_request(0, [], checkpoint)))
     (tmp_path / "cosigned.txt").write_text(cosigned.format())
@@ -105,7 +105,7 @@ def test_aics_tlog_verifies_checkpoint_cosignature_and_inclusion(
     result = _run(
         aics_python,
         HERE / "aics_verify.py",
-        grown.log.verifiers()[0].vkey,
+        grown.announced_keys()[0].vkey,
         witness.vkey,
         tmp_path / "cosigned.txt",
         tmp_path / "p.txt",
@@ -120,7 +120,7 @@ def test_aics_tlog_verifies_checkpoint_cosignature_and_inclusion(
     bad = _run(
         aics_python,
         HERE / "aics_verify.py",
-        grown.log.verifiers()[0].vkey,
+        grown.announced_keys()[0].vkey,
         witness.vkey,
         tmp_path / "bad.txt",
         tmp_path / "p.txt",

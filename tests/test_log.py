@@ -62,7 +62,7 @@ def test_a_checkpoint_is_signed_after_every_batch(memory: Memory) -> None:
     # the key, the new-key call, ten writes and the write call, under one signed head
     assert latest[0] == memory.backend.log_size() == 13
     note = Note.parse(latest[1])
-    open_note(note, memory.log.verifiers())
+    open_note(note, memory.announced_keys())
     assert Checkpoint.parse(note.text).root == memory.log.root(13)
 
 
@@ -79,7 +79,7 @@ def test_receipt_verifies_with_the_public_key_alone(memory: Memory) -> None:
     memory.remember_many([NewMemory(f"later {i}", subject="b") for i in range(20)])
     receipt = Receipt.loads(json.dumps(memory.receipt(record.id).to_json()))
     assert "hello" not in json.dumps(receipt.to_json())
-    key = memory.log.verifiers()
+    key = memory.announced_keys()
     assert verify_receipt(receipt, key, pinned=True).ok
 
 
@@ -97,7 +97,7 @@ def test_tampered_receipts_fail_in_the_named_check(memory: Memory) -> None:
     record = memory.remember("hello", subject="a")
     other = memory.remember("other", subject="a")
     receipt = memory.receipt(record.id)
-    keys = memory.log.verifiers()
+    keys = memory.announced_keys()
 
     stranger = Signer.generate(memory.log.origin)
     assert [c.name for c in verify_receipt(receipt, [stranger.verifier], pinned=True).failed] == [
@@ -118,7 +118,7 @@ def test_tampered_receipts_fail_in_the_named_check(memory: Memory) -> None:
 
 def test_unpinned_receipt_check_says_so(memory: Memory) -> None:
     record = memory.remember("hello", subject="a")
-    report = verify_receipt(memory.receipt(record.id), memory.log.verifiers(), pinned=False)
+    report = verify_receipt(memory.receipt(record.id), memory.announced_keys(), pinned=False)
     assert report.ok
     assert any("KEY NOT PINNED" in n for n in report.notes)
 
@@ -126,7 +126,7 @@ def test_unpinned_receipt_check_says_so(memory: Memory) -> None:
 def test_log_verifies_clean(memory: Memory) -> None:
     memory.remember_many([NewMemory(f"note {i}", subject=f"s{i % 3}") for i in range(50)])
     memory.forget(record_id=next(iter(memory.list())).id)
-    report = memory.verify_log(pinned_keys=memory.log.verifiers()[:1])
+    report = memory.verify_log(pinned_keys=memory.announced_keys()[:1])
     assert report.ok, report.lines()
     assert report.lines()[-1] == "VERDICT: PASS"
 
@@ -226,12 +226,12 @@ def test_log_rewritten_and_resigned_by_the_key_holder_fails_the_pin(memory: Memo
 
 
 def test_rotation_keeps_old_proofs_verifiable(memory: Memory) -> None:
-    first_key = memory.log.verifiers()[0]
+    first_key = memory.announced_keys()[0]
     before = memory.remember("before rotation", subject="a")
     old_receipt = memory.receipt(before.id)
     old_checkpoint = memory.checkpoint()
     memory.rotate_signing_key()
-    new_key = memory.log.verifiers()[-1]
+    new_key = memory.announced_keys()[-1]
     assert new_key.vkey != first_key.vkey
     after = memory.remember("after rotation", subject="a")
     assert verify_receipt(old_receipt, [first_key], pinned=True).ok
@@ -252,7 +252,7 @@ def test_rotation_keeps_old_proofs_verifiable(memory: Memory) -> None:
 def test_unendorsed_key_announcement_is_caught(memory: Memory) -> None:
     memory.remember("x", subject="a")
     intruder = Signer.generate(memory.log.origin)
-    entry = Entry(EventType.KEY, 1, {"vkey": intruder.verifier.vkey, "previous": memory.log.verifiers()[0].vkey,
+    entry = Entry(EventType.KEY, 1, {"vkey": intruder.verifier.vkey, "previous": memory.announced_keys()[0].vkey,
                                      "endorsement": base64.b64encode(bytes(64)).decode()})  # fmt: skip
     with memory.backend.atomic():
         memory.log.append([(entry, None)])
@@ -314,7 +314,7 @@ def test_a_forged_chain_that_endorses_the_pinned_key_fails(memory: Memory) -> No
     their key. Pinned to the real key, verification must fail."""
     from deleatur.log.note import Verifier
 
-    real = memory.log.verifiers()[0]
+    real = memory.announced_keys()[0]
     memory.remember("x", subject="a")
     conn = _conn(memory)
     for table in ("log_entries", "log_nodes", "log_checkpoints", "signing_keys"):

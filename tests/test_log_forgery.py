@@ -1,10 +1,12 @@
 """What someone who can write to the database, but holds neither the signing key nor the
 master key, can make the store's own signer vouch for: nothing. Each entry carries a MAC
 under the master key, and the store checks the entries and hashes no checkpoint of its
-covers before it signs them."""
+covers before it signs them. Nor can they give the store a signing key: its keys are
+the ones its log announces, whatever its list of them says."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,12 @@ import apsw
 import pytest
 
 from deleatur import IntegrityError, Memory, from_bytes
+from deleatur.log.checkpoint import Checkpoint
 from deleatur.log.entries import Entry, EventType
 from deleatur.log.merkle import CompactRange, leaf_hash
-from deleatur.log.note import Note, Verifier
+from deleatur.log.note import Note, Signer, Verifier
+from deleatur.log.receipt import Receipt
+from deleatur.log.tlogproof import TlogProof
 from deleatur.store import schema
 
 from .conftest import MASTER, Cli, FakeClock
@@ -258,3 +263,78 @@ def test_an_upgraded_store_trusts_its_entries_once_and_no_older_writer_after(
     later = _forge_tail(store_path, _FORGED_TOMBSTONE)
     assert later > tail
     _write_refused(store_path, clock, f"log entry {later} ")
+
+
+def _list_key(store_path: Path, key: Signer, index: int) -> None:
+    conn = apsw.Connection(str(store_path))
+    with conn:
+        conn.execute(
+            "INSERT INTO signing_keys(key_id, vkey, log_index, created_at) VALUES (?, ?, ?, 0)",
+            (key.key_id.hex(), key.verifier.vkey, index),
+        )
+    conn.close()
+
+
+def test_a_key_added_to_the_stores_list_is_neither_reported_nor_trusted(store_path: Path, clock: FakeClock) -> None:
+    real, _ = _made(store_path, clock)
+    intruder = Signer.generate(real.name)
+    _list_key(store_path, intruder, -1)
+    with _open(store_path, clock) as memory:
+        for listing in (memory.signing_keys, memory.announced_keys):
+            with pytest.raises(
+                IntegrityError, match=f"signing key {intruder.key_id.hex()} as announced at log entry -1"
+            ):
+                listing()
+        report = memory.verify_log(pinned_keys=[real])
+        assert [c.name for c in report.failed] == ["key_list"]
+        assert report.checks[-1].number == 9
+        assert intruder.key_id.hex() in report.checks[-1].detail
+
+
+def test_keys_show_and_an_unpinned_receipt_check_refuse_a_key_added_to_the_list(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init")[0] == 0
+    store = tmp_path / "cli.db"
+    assert cli("remember", "a note", "--subject", "a")[0] == 0
+    origin = cli("keys", "export-public")[1].strip().split("+")[0]
+    intruder = Signer.generate(origin)
+    _list_key(store, intruder, -1)
+    code, _, err = cli("keys", "show")
+    assert code == 1
+    assert intruder.key_id.hex() in err and "was altered" in err
+    code, out, _ = cli("log", "verify")
+    assert code == 1 and "FAIL  9 key_list" in out
+    # A receipt the intruder's key signed, for a write that never happened, checked
+    # against the store's own keys (no --key): refused, not passed.
+    record = "01a0c450-6c40-760a-9e62-9e8f05520000"
+    raw = Entry(EventType.WRITE, 1, {"commitment": "00" * 32, "record": record, "tenant": "default"}).encode()
+    body = Checkpoint(origin, 1, leaf_hash(raw)).body()
+    forged = Receipt(record, raw, TlogProof(0, (), Note(body, (intruder.sign(body),))))
+    (tmp_path / "r.json").write_text(json.dumps(forged.to_json()))
+    code, out, err = cli("verify-receipt", str(tmp_path / "r.json"))
+    assert (code, out) == (1, ""), err
+    assert intruder.key_id.hex() in err
+
+
+def test_a_listed_key_that_differs_from_its_announcement_fails(store_path: Path, clock: FakeClock) -> None:
+    _made(store_path, clock)
+    intruder = Signer.generate("deleatur/x")
+    conn = apsw.Connection(str(store_path))
+    with conn:
+        conn.execute("UPDATE signing_keys SET vkey = ?", (intruder.verifier.vkey,))
+    conn.close()
+    with _open(store_path, clock) as memory:
+        with pytest.raises(IntegrityError, match="is no announcement of it the store wrote"):
+            memory.signing_keys()
+        assert [c.name for c in memory.verify_log().failed] == ["key_list"]
+
+
+def test_the_keys_of_a_rotated_log_are_its_announcements(store_path: Path, clock: FakeClock) -> None:
+    first, _ = _made(store_path, clock)
+    with _open(store_path, clock) as memory:
+        second = memory.rotate_signing_key().verifier
+        memory.remember("after the rotation", subject="a")
+        assert [(k["vkey"], k["current"]) for k in memory.signing_keys()] == [(first.vkey, False), (second.vkey, True)]
+        assert memory.announced_keys() == [first, second]
+        report = memory.verify_log(pinned_keys=[first])
+        assert report.ok
+        assert report.checks[-1].detail == "the store lists the 2 key(s) the log announces, and no other"

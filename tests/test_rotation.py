@@ -113,7 +113,7 @@ def test_a_retired_key_cannot_vouch_for_a_tree_of_its_own(
 ) -> None:
     memory, cert, _, old = rotated
     chain = KeyChain.from_log(memory.public_key(), evidence)
-    assert [k for _, k in chain.keys] == memory.log.verifiers()
+    assert [k for _, k in chain.keys] == memory.announced_keys()
     genuine = Note.parse(cert["certificate"]["checkpoint"])
     assert chain.signer_of(genuine) == old.verifier
     cp = Checkpoint.parse(genuine.text)

@@ -34,7 +34,7 @@ def _first(memory: Memory) -> str:
 
 
 def test_cosigns_a_consistent_history(memory: Memory, witness: Witness, clock: FakeClock) -> None:
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     first = memory.checkpoint()
     [sig] = witness.add_checkpoint(format_request(0, [], first))
@@ -47,7 +47,7 @@ def test_cosigns_a_consistent_history(memory: Memory, witness: Witness, clock: F
 
 
 def test_refuses_a_split_view(memory: Memory, witness: Witness) -> None:
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     seen = memory.checkpoint()
     witness.add_checkpoint(format_request(0, [], seen))
@@ -63,7 +63,7 @@ def test_refuses_a_split_view(memory: Memory, witness: Witness) -> None:
 
 
 def test_refuses_an_inconsistent_extension(memory: Memory, witness: Witness) -> None:
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     first = memory.checkpoint()
     witness.add_checkpoint(format_request(0, [], first))
@@ -76,7 +76,7 @@ def test_refuses_an_inconsistent_extension(memory: Memory, witness: Witness) -> 
 
 
 def test_refuses_a_stale_old_size_and_reports_its_own(memory: Memory, witness: Witness) -> None:
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     first = memory.checkpoint()
     witness.add_checkpoint(format_request(0, [], first))
@@ -92,7 +92,7 @@ def test_refuses_unknown_logs_and_untrusted_signatures(memory: Memory, witness: 
         witness.add_checkpoint(_first(memory))
     assert unknown.value.status == 404
     impostor = Signer.generate(memory.log.origin)
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     text = memory.checkpoint().text
     with pytest.raises(UntrustedCheckpointError) as untrusted:
         witness.add_checkpoint(format_request(0, [], Note(text, (impostor.sign(text),))))
@@ -110,7 +110,7 @@ def test_witness_state_survives_reopening(memory: Memory, tmp_path: Path) -> Non
     path = tmp_path / "w.db"
     Witness.create(path, "w").close()
     w = Witness.open(path)
-    w.add_log(memory.log.verifiers()[0].vkey)
+    w.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     w.add_checkpoint(_first(memory))
     w.close()
@@ -123,7 +123,7 @@ def test_witness_state_survives_reopening(memory: Memory, tmp_path: Path) -> Non
 
 
 def test_cosignatures_are_checked_and_attached(memory: Memory, witness: Witness) -> None:
-    witness.add_log(memory.log.verifiers()[0].vkey)
+    witness.add_log(memory.announced_keys()[0].vkey)
     memory.remember("one", subject="a")
     [sig] = witness.add_checkpoint(_first(memory))
     verifier = CosignatureVerifier.from_vkey(witness.vkey)

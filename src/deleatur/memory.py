@@ -78,7 +78,7 @@ from .log.receipt import Receipt
 from .log.report import Report
 from .log.tlog import LogError, TransparencyLog
 from .log.tlogproof import TlogProof
-from .log.verify import verify_log
+from .log.verify import announce_key, verify_log
 from .log.witness import format_request, format_rotation_proof
 from .model import (
     DEFAULT_MAX_TEXT_BYTES,
@@ -1028,14 +1028,39 @@ class Memory:
         """Every key the log announced, oldest first (the store's own view: pin one)."""
         current = None if self.log.signer is None else self.log.signer.verifier.vkey
         return [
-            {"key_id": key_id, "vkey": vkey, "log_index": index, "current": vkey == current}
-            for key_id, vkey, index, _ in self.backend.signing_keys()
+            {"key_id": key.key_id.hex(), "vkey": key.vkey, "log_index": index, "current": key.vkey == current}
+            for index, key in self._log_keys()
         ]
 
     @guarded("log.keys", (V, R, W), no_user, audit=False)
     def announced_keys(self) -> builtins.list[Verifier]:
         """The verifiers of every key the log announced (unpinned checks trust these)."""
-        return self.log.verifiers()
+        return self._verifiers()
+
+    def _verifiers(self) -> builtins.list[Verifier]:
+        return [key for _, key in self._log_keys()]
+
+    def _log_keys(self) -> builtins.list[tuple[int, Verifier]]:
+        """The keys the log announced, oldest first, each with the index of its entry. The
+        store's list of them (``signing_keys``) only says where to look, for anyone who
+        can write the database can add a key of theirs to it: each listed entry must be
+        one the store wrote (its MAC), announce the listed key, and be endorsed by the key
+        before it. IntegrityError names the first listed key that is not so."""
+        keys: builtins.list[tuple[int, Verifier]] = []
+        for key_id, vkey, index, _ in self.backend.signing_keys():
+            entry = self.log.written(index) if index >= 0 else None
+            if entry is None or entry.type is not EventType.KEY or entry.fields.get("vkey") != vkey:
+                problem: str | None = "which is no announcement of it the store wrote"
+            else:
+                problem = announce_key(entry, index, keys)
+                if problem is None and keys[-1][1].key_id.hex() != key_id:
+                    problem = "under another key id"
+            if problem is not None:
+                raise IntegrityError(
+                    f"the store lists signing key {key_id} as announced at log entry {index}, {problem}:"
+                    " its list of keys was altered; `deleatur log verify` compares it with the log"
+                )
+        return keys
 
     @guarded("log.checkpoint", (V, R, W), audit=False)
     def checkpoint(self, *, size: int | None = None) -> Note:
@@ -1115,7 +1140,7 @@ class Memory:
         previous, current, size = self._extension_of(old)
         entries = [
             (index, self.log.entry(index), self.log.inclusion_proof(index, size))
-            for _, _, index, _ in self.backend.signing_keys()
+            for index, _ in self._log_keys()
             if index < size
         ]
         request = format_request(previous.size, self.log.consistency_proof(previous.size, size), current)
@@ -1126,7 +1151,7 @@ class Memory:
         it, with the current checkpoint and its size."""
         check_type(old, Note, "old")
         try:
-            open_note(old, self.log.verifiers())
+            open_note(old, self._verifiers())
             previous = Checkpoint.parse(old.text)
         except NoteError as exc:
             raise InvalidInputError(f"old checkpoint: {exc.message}") from None
@@ -1308,6 +1333,7 @@ class Memory:
             pinned_keys=pinned_keys,
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
+            listed_keys=[(k, v, i) for k, v, i, _ in self.backend.signing_keys() if size is None or i < size],
         )
         if refused is not None:
             report.notes.append(f"NOT SIGNED: {refused.message}")
@@ -1881,7 +1907,7 @@ class Memory:
         """The snapshot, after checking its hash and signature (IntegrityError names
         the failed check); erased beliefs appear redacted."""
         check_type(space, Space, "space")
-        return explain_decision(self, decision_id, space, self.log.verifiers())
+        return explain_decision(self, decision_id, space, self._verifiers())
 
     # -- erasure (Art. 17) ---------------------------------------------------------
 

@@ -24,9 +24,9 @@ from ..clock import Clock
 from ..errors import DeleaturError, IntegrityError
 from ..store.protocol import Backend
 from .checkpoint import Checkpoint
-from .entries import Entry, EventType
+from .entries import Entry, EntryError, EventType
 from .merkle import CompactRange, NodeReader, consistency_proof, inclusion_proof, leaf_hash, subtree_root
-from .note import Note, NoteError, Signer, Verifier
+from .note import Note, NoteError, Signer
 from .retention import pruned_leaf
 
 #: mac(index, leaf hash): an entry's MAC under the store's secret (EntryAuthenticator).
@@ -290,6 +290,13 @@ class TransparencyLog:
         self.backend.put_signing_key(new.key_id.hex(), new.verifier.vkey, index, self._clock())
         return index
 
-    def verifiers(self) -> list[Verifier]:
-        """Every signing key this log has announced (the store's own view: pin one for trust)."""
-        return [Verifier.from_vkey(vkey) for _, vkey, _, _ in self.backend.signing_keys()]
+    def written(self, index: int) -> Entry | None:
+        """Entry ``index`` if the store wrote it (it carries its MAC, and is whole and
+        canonical), else None."""
+        for at, raw, mac in self.backend.log_entries_with_macs(index, index + 1):
+            if mac is not None and hmac.compare_digest(mac, self.entry_mac(at, raw)):
+                try:
+                    return Entry.decode(raw)
+                except EntryError:
+                    return None
+        return None

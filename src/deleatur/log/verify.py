@@ -15,6 +15,9 @@ The verifier re-derives the Merkle tree from the entries and checks, in order:
                   earlier key is covered by the pinned key's checkpoints, checks 2-4)
  8. retention     every entry pruned by audit retention is accounted for by a
                   retention anchor (see :mod:`deleatur.log.retention`)
+ 9. key_list      (a store's log) the store's list of its signing keys is the keys
+                  the log announces: a key someone added to the list, and the store
+                  would report as its own, fails here
 
 Nothing here needs a private key.
 """
@@ -66,7 +69,10 @@ def verify_log(
     pinned_keys: list[Verifier] | None = None,
     pinned_checkpoint: Note | None = None,
     consistency: Callable[[int, int], list[bytes]] | None = None,
+    listed_keys: Iterable[tuple[str, str, int]] | None = None,
 ) -> Report:
+    """``listed_keys``: the store's list of its signing keys (key id, verifier key, index of
+    the announcing entry), compared with the log's announcements in check 9."""
     report = Report("log")
     cps = sorted(checkpoints)
     notes_by_size: dict[int, Note] = {}
@@ -197,6 +203,8 @@ def verify_log(
             ),
         )
     report.add("retention", *anchors.finish())
+    if listed_keys is not None:
+        report.add("key_list", *_key_list(listed_keys, keys))
     if not pinned_keys:
         report.notes.append(
             "KEY NOT PINNED: the log's own first key was trusted; "
@@ -211,6 +219,21 @@ def _size_of(pinned: Note | None) -> list[int]:
         return [] if pinned is None else [Checkpoint.parse(pinned.text).size]
     except NoteError:
         return []
+
+
+def _key_list(listed: Iterable[tuple[str, str, int]], keys: list[tuple[int, Verifier]]) -> tuple[bool, str]:
+    announced = [(key.key_id.hex(), key.vkey, at) for at, key in keys]
+    rows = list(listed)
+    for key_id, vkey, index in rows:
+        if (key_id, vkey, index) not in announced:
+            return False, (
+                f"the store lists signing key {key_id} as announced at entry {index}, which the log does not "
+                "announce there: the list was altered (the store refuses to report or use it)"
+            )
+    for key_id, vkey, index in announced:
+        if (key_id, vkey, index) not in rows:
+            return False, f"the log announces signing key {key_id} at entry {index}, which the store does not list"
+    return True, f"the store lists the {len(rows)} key(s) the log announces, and no other"
 
 
 def _pinned(

@@ -240,7 +240,7 @@ class _Export:
         request_ids = {r["id"] for r in requests}
         out = []
         for decision_id in sorted(self.decision_ids):
-            body = explain_any(self.memory, decision_id, self.memory.log.verifiers()).body
+            body = explain_any(self.memory, decision_id, self.memory._verifiers()).body
             mine = [b for b in body["beliefs"] if b["record"] in self.exported_ids]
             # A redaction names the request that took records from the snapshot (an
             # erasure's, or a rectification's new record) and the records it took: another
