@@ -196,7 +196,7 @@ def test_a_certificate_stating_what_its_log_entries_contradict_fails_the_tombsto
     memory, cert, pinned = erased
     forged = _resigned(memory, cert, lambda body: body["request"].update(changes))
     report = verify_certificate(
-        forged, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence
+        forged, expected_key=memory.announced_keys()[0], expected_checkpoint=pinned, store=evidence
     )
     assert [c.name for c in report.failed] == ["tombstones"], report.lines()
     assert _detail(report, "tombstones").startswith(problem)
@@ -245,7 +245,9 @@ def test_a_v1_certificate_still_verifies_against_its_tombstones(
 ) -> None:
     memory, cert, pinned = erased
     old = _as_v1(memory, cert)
-    report = verify_certificate(old, expected_key=memory.log.verifiers()[0], expected_checkpoint=pinned, store=evidence)
+    report = verify_certificate(
+        old, expected_key=memory.announced_keys()[0], expected_checkpoint=pinned, store=evidence
+    )
     assert report.ok, report.lines()
     assert "receipt time and kind rest on its signature" in _detail(report, "tombstones")
     # Its basis is still checked against its tombstones; a v2 body signed as v1 is not v1.
@@ -410,7 +412,7 @@ def test_a_destroyed_key_restored_with_a_later_creation_time_fails_by_its_id(
     keys = apsw.Connection(str(store_path) + ".keys")
     keys.execute(f"INSERT INTO data_keys VALUES ({', '.join('?' * len(row))})", (*row[:-1], 2_100_000_000_000_000))
     keys.close()
-    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    report = verify_certificate(cert, expected_key=memory.announced_keys()[0], store=evidence)
     assert [c.name for c in report.failed] == ["store_absent"]
     assert _detail(report, "store_absent") == (
         f"a data key this erasure destroyed is in the key store again (key {key_id.hex()})"
@@ -518,7 +520,7 @@ def test_an_entry_edited_inside_the_certified_tree_fails_the_store_log_check(
     memory.backend._conn.execute(  # type: ignore[attr-defined]
         "UPDATE log_entries SET entry = ? WHERE idx = ?", (raw.replace(b'"commitment":"', b'"commitment":"0'), index)
     )
-    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    report = verify_certificate(cert, expected_key=memory.announced_keys()[0], store=evidence)
     assert [c.name for c in report.failed] == ["store_log"]
     assert _detail(report, "store_log") == (
         "the store's log entries no longer produce the certificate's tree: an entry in it was changed"
@@ -530,7 +532,7 @@ def test_an_entry_edited_inside_the_certified_tree_fails_the_store_log_check(
         "UPDATE log_entries SET entry = ? WHERE idx = ?",
         (raw.replace(b'"records":2', b'"records":0'), erasure["index"]),
     )
-    report = verify_certificate(cert, expected_key=memory.log.verifiers()[0], store=evidence)
+    report = verify_certificate(cert, expected_key=memory.announced_keys()[0], store=evidence)
     assert _detail(report, "store_log") == f"the erasure entry {erasure['index']} is changed in the store's log"
 
 
