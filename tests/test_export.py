@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -496,3 +501,75 @@ def test_an_export_exports_nothing_erased_while_it_runs(memory: Memory, store_pa
     assert '"text": "x1498"' in after and '"text": "Team lunch"' in after  # the rest is exported
     document = json.loads(out.getvalue())
     assert counts["records"] == len(document["records"]) == document["counts"]["records"] < 1502
+
+
+def _partial(directory: Path, name: str, *, age_s: float, as_directory: bool = False) -> Path:
+    path = directory / name
+    if as_directory:
+        path.mkdir()
+        (path / "records.csv").write_text("Ann's data")
+    else:
+        path.write_text("Ann's data")
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def test_an_export_removes_the_partial_outputs_killed_exports_left(memory: Memory, tmp_path: Path) -> None:
+    """A process killed while it wrote an export (SIGKILL: no cleanup runs) left its
+    partial file, a person's data in clear, beside the output for good: the next export
+    into that directory removes it, and leaves one a live export holds, a recent one
+    (made an instant before its writer locks it), and any file not named as one."""
+    out = tmp_path / "out"
+    out.mkdir()
+    abandoned = [
+        _partial(out, ".deleatur-0123456789abcdef.partial", age_s=60),
+        _partial(out, ".bundle.89abcdef.partial", age_s=60, as_directory=True),
+    ]
+    held = _partial(out, ".deleatur-fedcba9876543210.partial", age_s=60)
+    kept = [
+        held,
+        _partial(out, ".deleatur-aaaaaaaaaaaaaaaa.partial", age_s=0),
+        _partial(out, "notes.partial", age_s=60),
+    ]
+    with held.open() as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # as a live export holds its own
+        with export_module.private_output(out / "ann.json") as handle:
+            handle.write("{}")
+        assert not any(path.exists() for path in abandoned)
+        assert all(path.exists() for path in kept)
+    memory.export_csv(out / "bundle", user_id="u1")  # a bundle sweeps its directory too
+    assert not held.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["ann.json", "bundle", *(p.name for p in kept[1:])])
+
+
+def test_an_export_stopped_by_sigterm_leaves_no_partial_file(tmp_path: Path) -> None:
+    """Python's default for SIGTERM (a service stopping, a timeout) ends the process with
+    no cleanup: the partial file stayed, holding the export so far in clear."""
+    store, out = tmp_path / "mem.db", tmp_path / "out"
+    out.mkdir()
+    with Memory.open(store, from_bytes(MASTER), create=True) as memory:
+        memory.remember("Ann's data", subject="Ann")
+    # The export stops after its first record, as a slow one would be caught midway.
+    script = (
+        "import sys, threading\n"
+        "from deleatur.rights import export\n"
+        "counted = export._Export._count\n"
+        "def paused(self, *args):\n"
+        "    counted(self, *args)\n"
+        "    print('writing', file=sys.stderr, flush=True)\n"
+        "    threading.Event().wait()\n"
+        "export._Export._count = paused\n"
+        "from deleatur.cli.app import main\n"
+        "sys.argv = ['deleatur', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    env = {**os.environ, "DELEATUR_STORE": str(store), "DELEATUR_MASTER_KEY": MASTER.hex()}
+    command = [sys.executable, "-c", script, "export", "--subject", "Ann", "--out", str(out / "ann.json")]
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as export:
+        assert export.stderr is not None
+        assert export.stderr.readline() == "writing\n"
+        assert [p.name.endswith(".partial") for p in out.iterdir()] == [True]
+        export.send_signal(signal.SIGTERM)
+        assert export.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(out.iterdir()) == []

@@ -8,6 +8,7 @@ import errno
 import getpass
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -348,9 +349,17 @@ def _output_failed(exc: OSError) -> NoReturn:
     _fail(f"cannot write the output: {exc.strerror}", 1)
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    # Python's default for SIGTERM (a service stopping, a timeout) ends the process at
+    # once, leaving a partial export (personal data in clear) beside its output. As an
+    # exception, every cleanup on the way out runs first.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     if sys.stdout is sys.__stdout__ and sys.stdout is not None:
         sys.stdout = _Stdout(sys.stdout)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         # Not click's standalone mode, whose usage errors are a box of several lines:
         # an agent that reads stderr gets one line, as from every other error.

@@ -39,17 +39,27 @@ The export itself is logged (what kind, how many records; no name).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock tells a live writer's partial output from one left
+    _FLOCK = False
+else:
+    _FLOCK = True
 
 from ..access.audit import ScopedView
 from ..clock import isoformat
@@ -101,6 +111,56 @@ def _private(path: Path) -> TextIO:
     return open(fd, "w", newline="", encoding="utf-8")
 
 
+#: The names of the partial outputs an export writes before renaming them (see
+#: private_output and export_csv).
+_PARTIAL = re.compile(r"\.deleatur-[0-9a-f]{16}\.partial|\..+\.[0-9a-f]{8}\.partial")
+#: A partial output no writer holds is abandoned once it is this old: its writer locks it
+#: just after making it.
+_ABANDONED_AFTER_S = 10.0
+
+
+@contextmanager
+def _writing(partial: Path) -> Iterator[None]:
+    """Holds ``partial`` (a file, or a bundle's directory) locked while it is written, so
+    that another export's sweep (_remove_abandoned_partials) leaves it alone."""
+    if not _FLOCK:
+        yield
+        return
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_abandoned_partials(directory: Path) -> None:
+    """Remove the partial outputs (personal data in clear) that exports killed while
+    writing left in ``directory``: a process killed outright runs no cleanup. One is
+    abandoned if it is this user's, no writer holds its lock, and it was made a while
+    ago; what cannot be read or removed is left. Without flock, none is removed."""
+    if not _FLOCK:
+        return
+    try:
+        entries = [e for e in os.scandir(directory) if _PARTIAL.fullmatch(e.name)]
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            if info.st_uid != os.geteuid() or time.time() - info.st_mtime < _ABANDONED_AFTER_S:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: being written
+                if stat.S_ISDIR(info.st_mode):
+                    shutil.rmtree(entry.path)
+                elif stat.S_ISREG(info.st_mode):
+                    os.unlink(entry.path)
+            finally:
+                os.close(fd)
+
+
 @contextmanager
 def private_output(path: Path) -> Iterator[TextIO]:
     """Write ``path`` whole or not at all, readable by its owner only: the text goes to a
@@ -126,10 +186,11 @@ def private_output(path: Path) -> Iterator[TextIO]:
             with open(path, "w", newline="", encoding="utf-8") as handle:
                 yield handle
             return
+        _remove_abandoned_partials(path.parent)
         # Not named after the file: a name near the file system's limit would not fit.
         partial = path.with_name(f".deleatur-{secrets.token_hex(8)}.partial")
         try:
-            with _private(partial) as handle:
+            with _private(partial) as handle, _writing(partial):
                 yield handle
             os.replace(partial, path)
         finally:
@@ -365,12 +426,14 @@ def export_csv(
     partial = directory.with_name(f".{directory.name}.{secrets.token_hex(4)}.partial")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_partials(directory.parent)
         partial.mkdir(mode=0o700)
     except OSError as exc:
         raise InvalidInputError(f"cannot create {directory}: {exc.strerror}") from None
     try:
         try:
-            _write_bundle(memory, job, partial)
+            with _writing(partial):
+                _write_bundle(memory, job, partial)
         except OSError as exc:  # a full disk, say: the partial bundle goes below
             raise InvalidInputError(f"cannot write {directory}: {exc.strerror}") from None
         try:
