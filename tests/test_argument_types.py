@@ -29,6 +29,11 @@ from deleatur import (
     from_hex,
     from_passphrase,
 )
+from deleatur.log.checkpoint import Checkpoint
+from deleatur.log.merkle import ProofError, verify_inclusion
+from deleatur.log.note import Note, NoteError, Signer, Verifier
+from deleatur.log.receipt import Receipt, ReceiptError
+from deleatur.log.tlogproof import TlogProof
 
 from .conftest import MASTER, FakeClock
 
@@ -560,3 +565,34 @@ def test_numbers_past_a_floats_range_are_invalid_input(memory: Memory) -> None:
     with pytest.raises(InvalidInputError, match=r"older_than_days .* from 0 to 1,000,000"):
         memory.prune_audit(older_than_days=1e308)
     assert list(memory.list()) == []
+
+
+@pytest.mark.parametrize("value", [None, 5, {"a": 1}, b"\xff\xfe"], ids=["None", "int", "dict", "bytes"])
+def test_the_format_parsers_refuse_what_is_not_text(value: Any) -> None:
+    """They raised AttributeError or TypeError from the first string method they called."""
+    for parse in (
+        Note.parse,
+        Checkpoint.parse,
+        TlogProof.parse,
+        Verifier.from_vkey,
+        Signer.from_skey,
+        Cosigner.from_skey,
+    ):
+        with pytest.raises(NoteError, match="must be text"):
+            parse(value)
+    if not isinstance(value, bytes):  # bytes are JSON text to json.loads, refused as such
+        with pytest.raises(ReceiptError, match="must be JSON text"):
+            Receipt.loads(value)
+    with pytest.raises(ProofError, match=r"hashes must be bytes|the proof must be a list"):
+        verify_inclusion(0, 1, value, value, value)
+
+
+def test_a_signed_note_splits_its_lines_at_newlines_only() -> None:
+    """splitlines() also split at a carriage return or U+2028, taking signature lines that
+    C2SP (and Go's parser) refuse."""
+    signer = Signer.generate("example.com/log")
+    note = Note("a checkpoint\n", (signer.sign("a checkpoint\n"),)).format()
+    assert Note.parse(note).signatures
+    for odd in ("\r\n", "\u2028", "\x85"):
+        with pytest.raises(NoteError):
+            Note.parse(note[:-1] + odd + note.splitlines(keepends=True)[-1])

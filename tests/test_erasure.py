@@ -728,6 +728,23 @@ def test_a_wal_left_untruncated_is_truncated_by_the_next_status_read(
     assert not _on_disk(memory, store_path, "phone")
 
 
+def test_a_wal_a_reader_kept_is_truncated_as_the_next_call_ends(
+    memory: Memory, family: dict[str, str], store_path: Path
+) -> None:
+    """It stayed, the erased record's pages in it, until the request's status was read,
+    another removal was made or the store was opened again: for as long as a process
+    that made other calls lived."""
+    with Memory.open(store_path, from_bytes(MASTER)) as reader:
+        with reader.read_snapshot(), scrubs_unwaited_during(lambda: True):
+            done = _erase(memory, "Alice Smith").request  # type: ignore[attr-defined]
+        assert done.counts["wal_not_truncated"] == 1
+        assert _on_disk(memory, store_path, "phone")  # the reader kept it
+    memory.recall("anything")
+    assert not _on_disk(memory, store_path, "phone")
+    row = memory.backend.get_request(memory.tenant, "DSAR-17")
+    assert row is not None and "wal_not_truncated" not in ErasureRequest.from_row(row).counts
+
+
 def test_lineage_survives_every_hard_delete_that_keeps_a_derived_record(
     memory: Memory, clock: FakeClock, store_path: Path
 ) -> None:

@@ -278,13 +278,13 @@ def test_a_certificate_says_of_the_wal_what_its_request_says(store_path: Path, m
         reader = _erased_behind_a_reader(memory, store_path)
         reader.execute("COMMIT").fetchall()
         reader.close()
-        real, tries = memory._scrub, []
+        real, tries = memory._truncate_wals, []
 
         def held_through_the_first_try(*, wait: bool = True) -> bool:
             tries.append(wait)
             return len(tries) > 1 and real(wait=wait)
 
-        monkeypatch.setattr(memory, "_scrub", held_through_the_first_try)
+        monkeypatch.setattr(memory, "_truncate_wals", held_through_the_first_try)
         held = memory.certificate("R1")["certificate"]
         assert len(tries) == 1  # one wait for the reader, not one more before signing
         stored = memory.erasure_requests()[0].counts

@@ -223,6 +223,9 @@ class _Shared:
     deferred: builtins.list[Entry] | None = None
     #: Inside a read snapshot.
     reading: bool = False
+    #: A scrub of this handle's found a reader in a -wal: each call tries again as it ends.
+    scrub_owed: bool = False
+    scrubs: int = 0
     #: The write group whose transaction is open on the handle.
     group: WriteGroup | None = None
     #: close() has closed the handle: closing it again does nothing.
@@ -654,6 +657,7 @@ class Memory:
             self._shared.turn.release()
             raise
         call.names_forgotten = names_forgotten()
+        call.scrubs = self._shared.scrubs
         return call
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None:
@@ -666,13 +670,15 @@ class Memory:
             # reads): the collection takes the write lock, which such a call never waits
             # for. Nor in a write group, whose calls' keys are not settled before it commits.
             deferring = self._shared.deferred is not None or self._shared.group is not None
-            if (
-                self.keys.unsettled
-                and self._current is None
-                and not deferring
-                and not isinstance(error, StoreBusyError)
-            ):
-                self._collect_unsettled_keys()
+            if self._current is None and not deferring and not isinstance(error, StoreBusyError):
+                if self.keys.unsettled:
+                    self._collect_unsettled_keys()
+                if self._shared.scrub_owed and call.scrubs == self._shared.scrubs:
+                    # What a removal left in a -wal goes as soon as its reader has ended,
+                    # not at the removal's next status read, or the next open. (Not after
+                    # a call that tried itself: what it reported stays what it found.)
+                    with contextlib.suppress(StoreBusyError):
+                        self._scrub(wait=False)
         finally:
             self._shared.turn.release()
 
@@ -718,7 +724,14 @@ class Memory:
 
     def _scrub(self, *, wait: bool = True) -> bool:
         """Truncate the -wal of the database and of the key store, as an erasure must:
-        False if a reader kept either from being truncated."""
+        False if a reader kept either from being truncated (the calls that follow on this
+        handle then try again as they end)."""
+        done = self._truncate_wals(wait=wait)
+        self._shared.scrub_owed = not done
+        self._shared.scrubs += 1
+        return done
+
+    def _truncate_wals(self, *, wait: bool) -> bool:
         # The mark as it was before either -wal was truncated: a removal marks the store
         # anew after it also destroyed keys, so a mark cleared here was truncated away in both.
         mark = self.backend.scrub_mark()

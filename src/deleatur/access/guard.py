@@ -89,6 +89,8 @@ class Call:
     extra: dict[str, Any] = field(default_factory=dict)
     #: model.names_forgotten() as the call began.
     names_forgotten: int = 0
+    #: How many scrubs the handle had tried as the call began (see Memory._leave_call).
+    scrubs: int = 0
 
 
 class Guarded(Protocol):

@@ -97,8 +97,20 @@ def consistency_proof(old_size: int, new_size: int, node: NodeReader) -> list[by
     return path
 
 
+def _check_arguments(step: str, sizes: tuple[object, ...], hashes: tuple[object, ...], proof: object) -> None:
+    """Arguments of the wrong type fail as a proof that does not verify, not as the
+    TypeError of whichever operation meets them first."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        raise ProofError(f"{step}: tree sizes and indexes must be integers")
+    if not all(isinstance(h, bytes) for h in hashes):
+        raise ProofError(f"{step}: hashes must be bytes")
+    if not isinstance(proof, list | tuple) or not all(isinstance(p, bytes) for p in proof):
+        raise ProofError(f"{step}: the proof must be a list of hashes (bytes)")
+
+
 def verify_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes], root: bytes) -> None:
     """RFC 9162 §2.1.3.2; raises :class:`ProofError` naming the failed step."""
+    _check_arguments("inclusion", (index, size), (leaf, root), proof)
     if index >= size or index < 0:
         raise ProofError(f"inclusion: leaf index {index} is not below tree size {size}")
     fn, sn, r = index, size - 1, leaf
@@ -124,6 +136,7 @@ def verify_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes],
 
 def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: bytes, proof: Sequence[bytes]) -> None:
     """RFC 9162 §2.1.4.2; raises :class:`ProofError` naming the failed step."""
+    _check_arguments("consistency", (old_size, new_size), (old_root, new_root), proof)
     if old_size < 0 or old_size > new_size:
         raise ProofError(f"consistency: size {old_size} cannot precede size {new_size}")
     if old_size == new_size:

@@ -92,6 +92,7 @@ class Note:
 
     @classmethod
     def parse(cls, data: str) -> Note:
+        _check_str(data, "a signed note")
         if not data.endswith("\n"):
             raise NoteError("a signed note must end with a newline")
         split = data.rfind("\n\n")
@@ -99,7 +100,9 @@ class Note:
             raise NoteError("a signed note needs an empty line before its signatures")
         text, block = data[: split + 1], data[split + 2 :]
         signatures = []
-        for line in block.splitlines():
+        # Lines end with "\n" alone (C2SP signed-note): splitlines() would also split at
+        # "\r", U+2028 and the like, and take lines Go's parser refuses.
+        for line in block[:-1].split("\n"):
             if not line.startswith(_DASH):
                 raise NoteError("a signature line must start with an em dash and a space")
             name, _, encoded = line[len(_DASH) :].partition(" ")
@@ -115,7 +118,13 @@ class Note:
         return cls(text, tuple(signatures))
 
 
+def _check_str(value: object, what: str) -> None:
+    if not isinstance(value, str):
+        raise NoteError(f"{what} must be text (a str), not {type(value).__name__}")
+
+
 def check_text(text: str) -> None:
+    _check_str(text, "note text")
     if not text.endswith("\n"):
         raise NoteError("note text must end with a newline")
     if _CONTROL.search(text):
@@ -147,6 +156,7 @@ class PublicKey:
 
     @classmethod
     def from_vkey(cls, vkey: str) -> Self:
+        _check_str(vkey, "a verifier key")
         parts = vkey.strip().split("+", 2)
         if len(parts) != 3:
             raise NoteError("a verifier key is <name>+<hex key id>+<base64 key>")
@@ -206,6 +216,7 @@ def format_skey(name: str, sig_type: int, key: Ed25519PrivateKey) -> str:
 
 
 def parse_skey(skey: str, sig_type: int) -> tuple[str, Ed25519PrivateKey]:
+    _check_str(skey, "a signer key")
     parts = skey.strip().split("+", 4)
     if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
         raise NoteError("a signer key is PRIVATE+KEY+<name>+<hex key id>+<base64 key>")

@@ -73,6 +73,8 @@ class Receipt:
 
     @classmethod
     def loads(cls, text: str) -> Receipt:
+        if not isinstance(text, str | bytes):
+            raise ReceiptError(f"a receipt must be JSON text, not {type(text).__name__}")
         try:
             data = loads_document(text, "receipt")
         except InvalidInputError as exc:

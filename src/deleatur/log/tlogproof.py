@@ -36,6 +36,8 @@ class TlogProof:
 
     @classmethod
     def parse(cls, data: str) -> TlogProof:
+        if not isinstance(data, str):
+            raise NoteError(f"tlog-proof: must be text (a str), not {type(data).__name__}")
         head, sep, checkpoint = data.partition("\n\n")
         if not sep:
             raise NoteError("tlog-proof: no empty line before the checkpoint")
