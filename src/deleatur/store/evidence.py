@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -90,18 +91,8 @@ class StoreEvidence:
         return bytes(row[0])
 
     def live_ids(self, tenant: str, ids: Iterable[str]) -> list[str]:
-        found: list[str] = []
-        wanted = list(ids)
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            found += [
-                str(r[0])
-                for r in self._db.execute(
-                    f"SELECT id FROM records WHERE +tenant = ? AND id IN ({', '.join('?' * len(chunk))})",
-                    (tenant, *chunk),
-                )
-            ]
-        return found
+        query = "SELECT id FROM records WHERE +tenant = ? AND id IN"
+        return [str(found) for found in _present(self._db, query, (tenant,), ids)]
 
     def live_subject_spaces(self, tenant: str, subject_ref: bytes) -> list[tuple[str, str, str, int]]:
         """The spaces (user, agent, run) holding live records of the subject, each with how many."""
@@ -128,17 +119,9 @@ class StoreEvidence:
 
     def key_ids_present(self, key_ids: Iterable[bytes]) -> list[bytes]:
         """Those of ``key_ids`` the key store holds."""
-        found: list[bytes] = []
-        wanted = list(key_ids)
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            found += [
-                bytes(r[0])
-                for r in self._keys.execute(
-                    f"SELECT key_id FROM data_keys WHERE key_id IN ({', '.join('?' * len(chunk))})", chunk
-                )
-            ]
-        return found
+        return [
+            bytes(found) for found in _present(self._keys, "SELECT key_id FROM data_keys WHERE key_id IN", (), key_ids)
+        ]
 
     def key_created_at(self, tenant: str, subject_ref: bytes) -> int | None:
         """When the subject's data key was made, if it has one."""
@@ -146,3 +129,14 @@ class StoreEvidence:
             "SELECT created_at FROM data_keys WHERE tenant = ? AND subject_ref = ?", (tenant, subject_ref)
         ).fetchone()
         return None if row is None else int(row[0])
+
+
+def _present(conn: apsw.Connection, query: str, args: tuple[Any, ...], values: Iterable[Any]) -> list[Any]:
+    """What ``query`` (ending in ``IN``) finds of ``values``, asked 500 at a time (SQLite
+    binds at most so many)."""
+    found: list[Any] = []
+    wanted = list(values)
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        found += [row[0] for row in conn.execute(f"{query} ({', '.join('?' * len(chunk))})", (*args, *chunk))]
+    return found
