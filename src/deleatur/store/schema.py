@@ -309,6 +309,15 @@ def _v16(conn: apsw.Connection) -> None:
     ).fetchall()
 
 
+def _v17(conn: apsw.Connection) -> None:
+    """A space's records in id order, straight from an index: a list stream reads them a
+    page at a time, each page one seek from the last id returned, where SQLite sorted
+    every record of the space again for each page. The index ends with the id instead
+    of the status, which a listing checks on each row it reads."""
+    conn.execute("DROP INDEX records_space").fetchall()
+    conn.execute("CREATE INDEX records_space ON records(tenant, user_id, agent_id, run_id, id)").fetchall()
+
+
 #: MIGRATIONS[n] turns a version n-1 store into version n.
 MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     1: _v1,
@@ -327,6 +336,7 @@ MIGRATIONS: dict[int, Callable[[apsw.Connection], None]] = {
     14: _v14,
     15: _v15,
     16: _v16,
+    17: _v17,
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
