@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import shutil
 import subprocess
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -881,6 +883,26 @@ def test_a_stream_begun_before_an_erasure_returns_none_of_the_erased_records(
         assert list(versions) == []
     finally:
         other.close()
+
+
+def test_a_stream_skips_a_record_erased_as_it_was_read(
+    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked before its read, a record erased by another process as it was read went out
+    through the handle's cached key: the check is made once it is read."""
+    u1 = Space("u1")
+    memory.remember_many([NewMemory(f"x{i}", subject="Alice Smith" if i % 2 else "Bob") for i in range(20)], space=u1)
+    decrypt = Memory._decrypt
+    reads = itertools.count(1)
+
+    def erased_as_the_second_is_read(self: Memory, row: Any) -> Any:
+        if next(reads) == 2:
+            with Memory.open(store_path, from_bytes(MASTER)) as other:
+                _erase(other, "Alice Smith")
+        return decrypt(self, row)
+
+    monkeypatch.setattr(Memory, "_decrypt", erased_as_the_second_is_read)
+    assert [r.text for r in memory.list(space=u1)] == [f"x{i}" for i in range(0, 20, 2)]
 
 
 def test_a_versions_stream_returns_no_value_a_rectification_erased_meanwhile(memory: Memory) -> None:

@@ -2244,24 +2244,28 @@ class Memory:
 
     def _next_record(self, paging: _Paging) -> Record | None:
         while True:
-            if paging.rows and self.backend.removed_since(paging.mark):
-                paging.read_again()
             if not paging.rows:
                 if paging.ended:
                     return None
                 self._read_page(paging)
                 continue
             row = paging.rows.popleft()
+            record, destroyed = None, None
             try:
                 record = self._decrypt(row)
-            except DataKeyDestroyedError:
-                # Erased by another process since the page was read (its keys destroyed
-                # after its removal committed), or a database restored beside a later key
-                # store, whose records are reported as get() reports them.
-                if not self.backend.removed_since(paging.mark):
-                    raise
+            except DataKeyDestroyedError as exc:
+                # Erased since the page was read (its keys go after its removal commits),
+                # or a database restored beside a later key store, whose records are
+                # reported as get() reports them.
+                destroyed = exc
+            # Checked once the record is read, a cached key having read it too: a removal
+            # before this point is seen, and the page read again without what went.
+            if self.backend.removed_since(paging.mark):
                 paging.read_again()
                 continue
+            if destroyed is not None:
+                raise destroyed
+            assert record is not None
             paging.taken(row.id)
             return record
 

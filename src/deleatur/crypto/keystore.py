@@ -123,7 +123,6 @@ class KeyStore:
         # the file: another connection (a server's other handle, a CLI) may destroy a key.
         self._by_id: OrderedDict[bytes, tuple[AESGCM, int]] = OrderedDict()
         self._version = data_version(self._conn)
-        self._destroyed = 0  # by this connection, whose own commits leave data_version as it is
         #: Keys this handle made that no write of its own has yet committed records under:
         #: at the end of each call, those left are checked and, if unused, destroyed.
         self.unsettled: set[bytes] = set()
@@ -221,11 +220,6 @@ class KeyStore:
         guard calls this as each call begins, so no call decrypts with a key destroyed
         before it began (a commit on this connection evicts its own destroyed keys)."""
         self._version = data_version(self._conn)
-
-    def changes(self) -> tuple[int, int]:
-        """A value that differs from an earlier one if a key may have been destroyed since,
-        by this handle or another connection."""
-        return data_version(self._conn), self._destroyed
 
     def _remember(self, key_id: bytes, aead: AESGCM) -> None:
         self._by_id[key_id] = (aead, self._version)
@@ -393,7 +387,6 @@ class KeyStore:
                 for key_id in ids
             )
             self._drop_marks(ids)
-        self._destroyed += gone
         for key_id in ids:
             self._by_id.pop(key_id, None)
         self.unsettled.difference_update(ids)

@@ -65,7 +65,7 @@ from ..access.audit import ScopedView
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
 from ..erasure.requests import ErasureRequest, RequestKind, is_request_id, user_reference
-from ..errors import InvalidInputError
+from ..errors import DataKeyDestroyedError, InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
 from .restriction import restrictions
@@ -113,7 +113,7 @@ def _private(path: Path) -> TextIO:
 
 #: The names of the partial outputs an export writes before renaming them (see
 #: private_output and export_csv).
-_PARTIAL = re.compile(r"\.deleatur-[0-9a-f]{16}\.partial|\..+\.[0-9a-f]{8}\.partial")
+_PARTIAL = re.compile(r"\.deleatur-[0-9a-f]{16}\.partial")
 #: A partial output no writer holds is abandoned once it is this old: its writer locks it
 #: just after making it.
 _ABANDONED_AFTER_S = 10.0
@@ -258,9 +258,17 @@ class _Export:
             for record_id, index, raw in backend.log_of_records(list(log)):
                 log[record_id].append({"index": index, "entry": json.loads(raw)})
             for position, row in page:
+                record, destroyed = None, None
+                try:
+                    record = self.memory._decrypt(row)
+                except DataKeyDestroyedError as exc:
+                    destroyed = exc  # erased since the page was read: its key goes after its commit
+                # Checked once the record is read, as Memory._next_record checks.
                 if backend.removed_since(mark):
                     break
-                record = self.memory._decrypt(row)
+                if destroyed is not None:
+                    raise destroyed
+                assert record is not None
                 self._count(row.id, log[row.id])
                 after = position
                 yield record, log[row.id]
@@ -423,7 +431,8 @@ def export_csv(
         raise InvalidInputError(f"{directory} is not empty; refusing to mix exports")
     existing = directory.exists()
     directory = directory.resolve()  # ".", "..", a symlink: the directory they name
-    partial = directory.with_name(f".{directory.name}.{secrets.token_hex(4)}.partial")
+    # Named as private_output names its own, so that the sweep finds it and nothing else.
+    partial = directory.with_name(f".deleatur-{secrets.token_hex(8)}.partial")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned_partials(directory.parent)
