@@ -338,3 +338,41 @@ def test_the_keys_of_a_rotated_log_are_its_announcements(store_path: Path, clock
         report = memory.verify_log(pinned_keys=[first])
         assert report.ok
         assert report.checks[-1].detail == "the store lists the 2 key(s) the log announces, and no other"
+
+
+def test_handles_taking_turns_check_from_their_own_last_checkpoint(
+    store_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each signing after the other handle's verified the other's newest checkpoint (an
+    Ed25519 verification at every turn): a handle now checks the entries after the
+    checkpoint it signed last, which needs none. A forged entry in that tail is still
+    refused, and an anchor whose stored note was changed is none (the handle verifies
+    the newest checkpoint instead)."""
+    _made(store_path, clock)
+    verified: list[bytes] = []
+    verify = Verifier.verify
+
+    def counted(self: Verifier, text: str, signature: Any) -> bool:
+        verified.append(self.key_id)
+        return verify(self, text, signature)
+
+    first, second = _open(store_path, clock), _open(store_path, clock)
+    first.remember("first", subject="a")
+    second.remember("second", subject="b")  # each has now signed once
+    monkeypatch.setattr(Verifier, "verify", counted)
+    for i in range(3):
+        first.remember(f"first {i}", subject="a")
+        second.remember(f"second {i}", subject="b")
+    assert verified == []
+    conn = apsw.Connection(str(store_path))
+    with conn:  # the first handle's last checkpoint, its note changed
+        conn.execute("UPDATE log_checkpoints SET note = note || ' ' WHERE size = ?", (_checkpoints(store_path)[-2],))
+    conn.close()
+    first.remember("anchored on the second's checkpoint", subject="a")
+    assert verified
+    _forge_tail(store_path, _FORGED_TOMBSTONE)
+    for handle in (second, first):
+        with pytest.raises(IntegrityError, match="was not written with this store's keys"):
+            handle.remember("over a forged entry", subject="a")
+        with pytest.raises(IntegrityError, match="was not written with this store's keys"):
+            handle.close()  # it cannot sign its refusal's entry either; its files are closed

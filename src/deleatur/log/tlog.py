@@ -79,6 +79,9 @@ class TransparencyLog:
         self._uncommitted: CompactRange | None = None
         self._uncommitted_authentic = False
         self._cache_version = self._uncommitted_version = -1
+        # The last checkpoint this handle signed: its note as stored, the checkpoint, and
+        # the key that signed it (see _own_anchor).
+        self._signed_here: tuple[str, Checkpoint, bytes] | None = None
 
     # -- reading stored hashes -----------------------------------------------------
 
@@ -166,9 +169,10 @@ class TransparencyLog:
             raise LogError("this store has no signing key; run `deleatur keys new`")
         assert self._uncommitted is not None
         compact = self._authentic(self._uncommitted.size, (self.signer,))
-        body = Checkpoint(self.origin, compact.size, compact.root()).body()
-        note = Note(body, (self.signer.sign(body),))
+        checkpoint = Checkpoint(self.origin, compact.size, compact.root())
+        note = Note(checkpoint.body(), (self.signer.sign(checkpoint.body()),))
         self.backend.put_checkpoint(compact.size, note.format(), replace=False)
+        self._signed_here = (note.format(), checkpoint, self.signer.key_id)
         return note
 
     def checkpoint(self, *extra_signers: Signer) -> Note:
@@ -180,13 +184,15 @@ class TransparencyLog:
         if self.signer is None:
             raise LogError("this store has no signing key; run `deleatur keys new`")
         size = self.backend.log_size()
-        body = Checkpoint(self.origin, size, self._authentic(size, (self.signer, *extra_signers)).root()).body()
+        checkpoint = Checkpoint(self.origin, size, self._authentic(size, (self.signer, *extra_signers)).root())
+        body = checkpoint.body()
         existing = self.backend.checkpoint(size)
         if existing is not None and not existing[1].startswith(body + "\n"):
             raise IntegrityError(f"refusing to sign a second, different checkpoint for size {size}")
         note = Note(body, tuple(s.sign(body) for s in (self.signer, *extra_signers)))
         if existing is None or extra_signers:
             self.backend.put_checkpoint(size, note.format(), replace=True)
+            self._signed_here = (note.format(), checkpoint, self.signer.key_id)
         return note
 
     # -- what the store signs ------------------------------------------------------
@@ -254,7 +260,11 @@ class TransparencyLog:
     def _anchor(self, size: int, signers: Sequence[Signer]) -> Checkpoint | None:
         """The newest stored checkpoint one of ``signers`` signed (a row that is not
         one is someone else's, and passed over), None if there is none; refused if it
-        is of a tree larger than the log: entries it covers are gone."""
+        is of a tree larger than the log: entries it covers are gone. Or the one this
+        handle last signed, if it may stand in for it (see _own_anchor)."""
+        own = self._own_anchor(size, signers)
+        if own is not None:
+            return own
         verifiers = [signer.verifier for signer in signers]
         for stored, text in self.backend.checkpoints(newest_first=True):
             try:
@@ -272,6 +282,24 @@ class TransparencyLog:
                 )
             return checkpoint
         return None
+
+    def _own_anchor(self, size: int, signers: Sequence[Signer]) -> Checkpoint | None:
+        """The checkpoint this handle last signed, if the store holds it as signed (its
+        transaction committed, and nobody changed it) and no checkpoint of a larger tree
+        than ``size``: its tree was checked before it was signed, so it needs no
+        signature verified, where the newest, another writer's, would (an Ed25519
+        verification at each signing of two writers taking turns). The entries after it
+        are checked as any unsigned tail is."""
+        if self._signed_here is None:
+            return None
+        text, checkpoint, key_id = self._signed_here
+        if checkpoint.size > size or all(signer.key_id != key_id for signer in signers):
+            return None
+        newest = self.backend.checkpoint()
+        if newest is None or newest[0] > size:
+            return None  # the scan decides, and refuses what covers entries that are gone
+        stored = newest if newest[0] == checkpoint.size else self.backend.checkpoint(checkpoint.size)
+        return checkpoint if stored is not None and stored[1] == text else None
 
     def latest_checkpoint(self) -> Note:
         found = self.backend.checkpoint()
