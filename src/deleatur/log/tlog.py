@@ -78,6 +78,7 @@ class TransparencyLog:
         self._cache_authentic = False
         self._uncommitted: CompactRange | None = None
         self._uncommitted_authentic = False
+        self._uncommitted_start = 0  # the size of the log the last append built on
         self._cache_version = self._uncommitted_version = -1
         # The last checkpoint this handle signed: its note as stored, the checkpoint, and
         # the key that signed it (see _own_anchor).
@@ -140,6 +141,7 @@ class TransparencyLog:
             nodes += compact.append(leaf)
         self.backend.log_append(start, rows, nodes)
         self._uncommitted, self._uncommitted_authentic = compact, authentic
+        self._uncommitted_start = start
         # A transaction that rolled back leaves this tree behind: another connection's
         # commit since (and only that could bring the log back to its size) retires it.
         self._uncommitted_version = version
@@ -211,13 +213,18 @@ class TransparencyLog:
         if edge is not None and edge.size == size:
             if authentic:
                 return edge
+            if edge is self._uncommitted:
+                # The handle made its own entries on the stored tree of the log's first
+                # entries, which the check covers (its peaks included): what it appends
+                # next in this transaction needs no check, nor do its own entries (two
+                # writers taking turns checked each other's entries and their own).
+                self._checked_tree(self._uncommitted_start, signers)
+                self._uncommitted_authentic = True
+                return edge
             checked = self._checked_tree(size, signers)
             # The handle's tree is the stored one, now checked: what it appends next on
-            # top of it in this transaction, or after it commits, needs no check.
-            if edge is self._uncommitted:
-                self._uncommitted_authentic = True
-            else:
-                self._cache_authentic = True
+            # top of it, after it commits, needs no check.
+            self._cache_authentic = True
             return checked
         return self._checked_tree(size, signers)
 
