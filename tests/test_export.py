@@ -6,7 +6,6 @@ import csv
 import errno
 import fcntl
 import io
-import itertools
 import json
 import os
 import signal
@@ -545,34 +544,6 @@ def test_an_export_removes_the_partial_outputs_killed_exports_left(memory: Memor
     memory.export_csv(out / "bundle", user_id="u1")  # a bundle sweeps its directory too
     assert not held.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(["ann.json", "bundle", *(p.name for p in kept[1:])])
-
-
-@pytest.mark.parametrize("key", ["cached", "read again"])
-def test_an_export_skips_a_record_erased_as_it_was_read(
-    memory: Memory, store_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
-) -> None:
-    """Another process's erasure commits, then destroys the subject's key: landing as the
-    export read a record, it was exported through the handle's cached key, or (its key
-    not cached) made the export fail with DataKeyDestroyedError, where the page is to be
-    read again without what the erasure removed."""
-    u1 = Space("u1")
-    memory.remember_many([NewMemory(f"x{i}", subject="Alice" if i % 2 else "Bob") for i in range(20)], space=u1)
-    decrypt = Memory._decrypt
-    reads = itertools.count(1)
-
-    def erased_as_the_second_is_read(self: Memory, row: Any) -> Any:
-        if next(reads) == 2:
-            with Memory.open(store_path, from_bytes(MASTER)) as other:
-                other.erase("Alice", request_id="R1", basis="Art. 17(1)(a)", requester="dpo")
-            if key == "read again":
-                self.keys._by_id.clear()
-        return decrypt(self, row)
-
-    monkeypatch.setattr(Memory, "_decrypt", erased_as_the_second_is_read)
-    out = io.StringIO()
-    memory.export_json(out, user_id="u1")
-    texts = [record["text"] for record in json.loads(out.getvalue())["records"]]
-    assert texts == [f"x{i}" for i in range(0, 20, 2)]  # x1, read as Alice was erased, is not
 
 
 def test_an_export_stopped_by_sigterm_leaves_no_partial_file(tmp_path: Path) -> None:
