@@ -2250,24 +2250,26 @@ class Memory:
                 self._read_page(paging)
                 continue
             row = paging.rows.popleft()
-            record, destroyed = None, None
-            try:
-                record = self._decrypt(row)
-            except DataKeyDestroyedError as exc:
-                # Erased since the page was read (its keys go after its removal commits),
-                # or a database restored beside a later key store, whose records are
-                # reported as get() reports them.
-                destroyed = exc
-            # Checked once the record is read, a cached key having read it too: a removal
-            # before this point is seen, and the page read again without what went.
-            if self.backend.removed_since(paging.mark):
+            record = self._read_unless_removed(row, paging.mark)
+            if record is None:
                 paging.read_again()
                 continue
-            if destroyed is not None:
-                raise destroyed
-            assert record is not None
             paging.taken(row.id)
             return record
+
+    def _read_unless_removed(self, row: StoredRow, mark: RemovalMark) -> Record | None:
+        """The record ``row`` stores, or None if records were removed since ``mark``
+        (the caller reads its page again, without what went). Checked once the record is
+        read, a cached key having read it too, so that a removal before this point is
+        seen. A key destroyed with no removal since (a database restored beside a later
+        key store) is reported, as get() reports it."""
+        try:
+            record = self._decrypt(row)
+        except DataKeyDestroyedError:
+            if self.backend.removed_since(mark):
+                return None  # erased since the page was read: its keys go after its commit
+            raise
+        return None if self.backend.removed_since(mark) else record
 
     def _read_page(self, paging: _Paging) -> None:
         began = names_forgotten()

@@ -65,7 +65,7 @@ from ..access.audit import ScopedView
 from ..clock import isoformat
 from ..decisions.snapshots import canonical, explain_any
 from ..erasure.requests import ErasureRequest, RequestKind, is_request_id, user_reference
-from ..errors import DataKeyDestroyedError, InvalidInputError
+from ..errors import InvalidInputError
 from ..log.entries import Entry, EventType
 from ..model import EVERYWHERE, Record, SpaceFilter, canonical_subject, check_optional
 from .restriction import restrictions
@@ -258,17 +258,9 @@ class _Export:
             for record_id, index, raw in backend.log_of_records(list(log)):
                 log[record_id].append({"index": index, "entry": json.loads(raw)})
             for position, row in page:
-                record, destroyed = None, None
-                try:
-                    record = self.memory._decrypt(row)
-                except DataKeyDestroyedError as exc:
-                    destroyed = exc  # erased since the page was read: its key goes after its commit
-                # Checked once the record is read, as Memory._next_record checks.
-                if backend.removed_since(mark):
+                record = self.memory._read_unless_removed(row, mark)
+                if record is None:
                     break
-                if destroyed is not None:
-                    raise destroyed
-                assert record is not None
                 self._count(row.id, log[row.id])
                 after = position
                 yield record, log[row.id]
