@@ -22,6 +22,7 @@ from deleatur import (
     AccessDeniedError,
     Checkpoint,
     DeleaturError,
+    ExposedKeyFileError,
     Hit,
     InvalidInputError,
     Memory,
@@ -463,6 +464,25 @@ def test_a_missing_signing_key_is_the_librarys_error(tmp_path: Path) -> None:
     # The library's message names the key's file; a remote caller learns no server path.
     assert str(store.parent) in local.value.message and str(store.parent) not in remote.value.message
     assert remote.value.message.startswith("the store's signing key is missing on the server")
+
+
+def test_an_exposed_signing_key_is_the_librarys_error_without_its_path(tmp_path: Path) -> None:
+    store = tmp_path / "mem.db"
+    opener = new_store(store)
+    key = api_key(opener, Role.ADMIN)
+    store.with_name(store.name + ".signing-key").chmod(0o644)
+    with (
+        serving(create_app(opener)) as url,
+        Client(url, api_key=key) as client,
+        pytest.raises(ExposedKeyFileError) as remote,
+    ):
+        client.remember("kept", subject="Sig")
+    assert (remote.value.status, remote.value.code) == (503, "key_file_exposed")  # type: ignore[attr-defined]
+    assert str(store.parent) not in remote.value.message
+    assert remote.value.message.startswith("a key file on the server is open to other users")
+    store.with_name(store.name + ".signing-key").chmod(0o600)
+    with opener() as memory:
+        assert list(memory.list()) == []
 
 
 def test_a_query_too_long_for_a_url_is_answered(admin: Pair) -> None:

@@ -464,6 +464,7 @@ def test_a_missing_signing_key_stops_writes_not_reads(memory: Memory, store_path
         with pytest.raises(KeyStoreError):
             reopened.erase("a", request_id="R1", basis=BASIS, requester="dpo")
     memory.signing_key_path.write_bytes(saved)
+    memory.signing_key_path.chmod(0o600)  # restored as a backup holds it: owner-only
     with Memory.open(store_path, from_bytes(MASTER)) as restored:
         restored.checkpoint()
         assert restored.verify_log().ok

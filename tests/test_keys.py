@@ -17,16 +17,19 @@ import pytest
 
 from deleatur import (
     DataKeyDestroyedError,
+    ExposedKeyFileError,
     IntegrityError,
     MasterKeyError,
     Memory,
     StoreError,
+    Witness,
     from_bytes,
     from_file,
     from_hex,
     from_passphrase,
 )
-from deleatur.crypto.signing import write_text_secret
+from deleatur.crypto.master import default_key_file
+from deleatur.crypto.signing import signing_key_path, write_text_secret
 from deleatur.memory import keystore_path
 
 from .conftest import MASTER, resume, run_together, start_paused, store_files
@@ -95,7 +98,8 @@ def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_pat
     secret = tmp_path / "secret"
     write = f"""
 from pathlib import Path
-from deleatur.crypto.signing import write_text_secret
+from deleatur.crypto.master import default_key_file
+from deleatur.crypto.signing import signing_key_path, write_text_secret
 try:
     write_text_secret(Path({str(secret)!r}), sys.argv[1])
     print("placed")
@@ -134,7 +138,8 @@ def test_secrets_written_to_one_path_together_place_one_whole_and_refuse_the_res
 _KILLED_BEFORE_PLACING = """
 import errno, os, sys
 from pathlib import Path
-from deleatur.crypto.signing import write_text_secret
+from deleatur.crypto.master import default_key_file
+from deleatur.crypto.signing import signing_key_path, write_text_secret
 {without_unnamed_files}
 os.link = lambda *args, **kwargs: os._exit(9)
 write_text_secret(Path(sys.argv[1]), sys.argv[2])
@@ -203,7 +208,8 @@ def test_a_secret_a_killed_writer_left_named_goes_at_the_next_write_of_that_secr
     write = """
 import sys
 from pathlib import Path
-from deleatur.crypto.signing import write_text_secret
+from deleatur.crypto.master import default_key_file
+from deleatur.crypto.signing import signing_key_path, write_text_secret
 write_text_secret(Path(sys.argv[1]), "the new secret")
 """
     subprocess.run([sys.executable, "-c", write, str(path)], check=True)
@@ -214,12 +220,71 @@ write_text_secret(Path(sys.argv[1]), "the new secret")
 
 def test_master_key_file_as_a_path_or_a_string(store_path: Path, tmp_path: Path) -> None:
     key_file = tmp_path / "master.key"
-    key_file.write_text(MASTER.hex())
+    write_text_secret(key_file, MASTER.hex())
     Memory.open(store_path, from_file(key_file), create=True).close()
     Memory.open(store_path, from_file(str(key_file))).close()  # as the README writes it
     key_file.write_bytes(b"\xff" * 64)
     with pytest.raises(MasterKeyError, match=f"master key in {key_file} is not hex"):
         Memory.open(store_path, from_file(key_file))
+
+
+def _secret_files(store: Path, witness_state: Path) -> list[Path]:
+    Memory.init(store)[0].close()
+    with Memory.open(store, from_file(default_key_file(store))) as memory:
+        memory.remember("signed", subject="a")
+    Witness.create(witness_state, "witness.example/w").close()
+    return [default_key_file(store), signing_key_path(store), Witness.key_path(witness_state)]
+
+
+def _use(store: Path, witness_state: Path) -> None:
+    """Each secret file read once: the witness key to open the witness, the master key
+    to open the store, the signing key to sign."""
+    Witness.open(witness_state).close()
+    with Memory.open(store, from_file(default_key_file(store))) as memory:
+        memory.remember("signed again", subject="a")
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o644, 0o666])
+@pytest.mark.parametrize("which", ["master key", "signing key", "witness key"])
+def test_a_key_file_other_users_may_read_or_change_is_refused(tmp_path: Path, which: str, mode: int) -> None:
+    store, state = tmp_path / "m.db", tmp_path / "w.db"
+    secret = dict(zip(["master key", "signing key", "witness key"], _secret_files(store, state), strict=True))[which]
+    secret.chmod(mode)
+    with pytest.raises(ExposedKeyFileError) as caught:
+        _use(store, state)
+    assert caught.value.message == (
+        f"key file {secret} has mode {mode:04o}: other users may read or change it; "
+        f"refusing to use it (chmod 600 {secret})"
+    )
+    assert caught.value.exit_code == 2
+    secret.chmod(0o600)
+    _use(store, state)
+    with Memory.open(store, from_file(default_key_file(store))) as memory:
+        assert sorted(r.text for r in memory.list()) == ["signed", "signed again"]  # the refused call wrote nothing
+
+
+def test_a_key_file_is_checked_by_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's rule for its server key: the user's own file 0600 at most, or
+    root's file 0640 at most (a secret a service reads through its group); never a
+    file another user owns. Run as root, the process is given another user's id so
+    that root's file is someone else's."""
+    key_file = tmp_path / "master.key"
+    write_text_secret(key_file, MASTER.hex())
+    Memory.open(tmp_path / "m.db", from_file(key_file), create=True).close()
+    if os.geteuid() != 0:
+        pytest.fail("this test changes a file's owner: it must run as root")
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    key_file.chmod(0o640)  # root's, group-readable: allowed
+    Memory.open(tmp_path / "m.db", from_file(key_file)).close()
+    key_file.chmod(0o660)
+    with pytest.raises(ExposedKeyFileError, match=r"has mode 0660: other users may read or change it"):
+        Memory.open(tmp_path / "m.db", from_file(key_file))
+    key_file.chmod(0o600)
+    os.chown(key_file, 4343, -1)
+    with pytest.raises(ExposedKeyFileError, match=rf"key file {key_file} is owned by another user \(uid 4343\)"):
+        Memory.open(tmp_path / "m.db", from_file(key_file))
+    os.chown(key_file, 4242, -1)
+    Memory.open(tmp_path / "m.db", from_file(key_file)).close()
 
 
 def test_a_store_in_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ the shells map ``exit_code`` to the process exit status::
     ├── KeyStoreError                    the keys protecting the store
     │   ├── MasterKeyError               exit 2: master key missing or wrong
     │   ├── SigningKeyMissingError       exit 2: the log's signing key file is gone: restore it
+    │   ├── ExposedKeyFileError          exit 2: a secret key file other users may read
     │   ├── DataKeyDestroyedError        the subject's data key is gone (crypto-shredded)
     │   └── KeyStoreBusyError            another process holds the key store's lock
     ├── AuthenticationError              exit 3: no principal has this API key
@@ -119,6 +120,17 @@ class SigningKeyMissingError(KeyStoreError):
     until it is restored (a new key would not be endorsed by the one the log names)."""
 
     exit_code = 2
+
+
+class ExposedKeyFileError(KeyStoreError):
+    """A secret key file (master key, signing key, witness key) is open to other users,
+    or owned by one: deleatur will not use a key someone else may have read or replaced."""
+
+    exit_code = 2
+    remote_message = (
+        "a key file on the server is open to other users: nothing that needs it can be done until its operator"
+        " restricts it"
+    )
 
 
 class DataKeyDestroyedError(KeyStoreError):

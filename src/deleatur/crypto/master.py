@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ..errors import MasterKeyError, StoreError
 from ..model import check_path, check_type
-from .signing import write_text_secret
+from .signing import read_text_secret, write_text_secret
 
 MASTER_KEY_BYTES = 32
 # scrypt cost: about 0.1 s and 32 MiB once per open (RFC 7914 §2 guidance for interactive use).
@@ -74,7 +74,7 @@ def from_file(path: str | os.PathLike[str]) -> MasterKeySource:
 
     def derive(_salt: bytes) -> bytes:
         try:
-            content = where.read_text(encoding="ascii")
+            content = read_text_secret(where)
         except FileNotFoundError:
             raise MasterKeyError(f"master key file {where} does not exist") from None
         except UnicodeDecodeError:

@@ -16,7 +16,7 @@ import secrets
 import time
 from pathlib import Path
 
-from ..errors import KeyStoreError
+from ..errors import ExposedKeyFileError, KeyStoreError
 from ..log.note import NoteError, Signer
 
 # What open(O_TMPFILE) fails with where the file system (or an old kernel) has no
@@ -166,9 +166,40 @@ def _remove_strays(path: Path) -> None:
                         os.unlink(entry.path)
 
 
+def read_text_secret(path: Path) -> str:
+    """Read a secret file that only its owner can read or change.
+
+    The rule is PostgreSQL's for its server key (``be-secure-common.c``): the file is
+    owned by this process's user with no access for group or others, or owned by root
+    and at most group-readable (a secret a service account reads through its group).
+    Anything else means another user may have read the key, or swapped it for theirs.
+    Systems without POSIX permissions (Windows) are not checked. The mode is read from
+    the opened file itself, so the bytes read are those of the file checked.
+    """
+    with path.open("rb") as file:
+        if os.name == "posix":
+            _check_private(path, os.fstat(file.fileno()))
+        return file.read().decode("ascii")
+
+
+def _check_private(path: Path, st: os.stat_result) -> None:
+    mode = st.st_mode & 0o777
+    if st.st_uid == os.geteuid():
+        exposed = mode & 0o077
+    elif st.st_uid == 0:
+        exposed = mode & 0o037
+    else:
+        raise ExposedKeyFileError(f"key file {path} is owned by another user (uid {st.st_uid}); refusing to use it")
+    if exposed:
+        raise ExposedKeyFileError(
+            f"key file {path} has mode {mode:04o}: other users may read or change it; "
+            f"refusing to use it (chmod 600 {path})"
+        )
+
+
 def read_signer(path: Path) -> Signer | None:
     try:
-        text = path.read_text(encoding="ascii")
+        text = read_text_secret(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:

@@ -37,7 +37,7 @@ import apsw
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..clock import Clock, system_clock
-from ..crypto.signing import write_text_secret
+from ..crypto.signing import read_text_secret, write_text_secret
 from ..errors import DeleaturError, InvalidInputError, NotFoundError
 from ..model import loads_document
 from ..newfiles import check_directory, making
@@ -196,9 +196,11 @@ class Witness:
         if not path.exists():
             raise NotFoundError(f"no witness state at {path}; run `deleatur witness init`")
         try:
-            cosigner = Cosigner.from_skey(cls.key_path(path).read_text(encoding="ascii"))
+            cosigner = Cosigner.from_skey(read_text_secret(cls.key_path(path)))
         except FileNotFoundError:
             raise WitnessError(f"witness key {cls.key_path(path)} is missing") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WitnessError(f"cannot read witness key {cls.key_path(path)}: {exc}") from None
         except NoteError as exc:
             raise WitnessError(f"witness key {cls.key_path(path)}: {exc.message}") from None
         return cls(path, connect(path, create=False), cosigner, clock)

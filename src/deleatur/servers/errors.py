@@ -14,6 +14,7 @@ from ..errors import (
     AuthenticationError,
     DataKeyDestroyedError,
     DeleaturError,
+    ExposedKeyFileError,
     IntegrityError,
     InvalidInputError,
     KeyStoreBusyError,
@@ -79,6 +80,7 @@ _STATUS: dict[type[DeleaturError], tuple[int, str]] = {
     KeyStoreError: (500, "key_store_error"),
     # Not the keys' failure: the server's operator must restore a file, and the call can then be made again.
     SigningKeyMissingError: (503, "signing_key_missing"),
+    ExposedKeyFileError: (503, "key_file_exposed"),
     KeyStoreBusyError: (503, "key_store_busy"),
     StoreBusyError: (503, "store_busy"),
     StoreError: (503, "store_unavailable"),
