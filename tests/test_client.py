@@ -444,45 +444,36 @@ def test_an_api_key_no_header_can_carry_is_bad_input(key: str) -> None:
         Client("http://deleatur.test", api_key=b"key")  # type: ignore[arg-type]
 
 
-def test_a_missing_signing_key_is_the_librarys_error(tmp_path: Path) -> None:
-    """A server whose signing key file is gone refuses a write as the library does
-    (SigningKeyMissingError, 503: the operator restores the file, then the call can be
-    made again), not as a failure of the keys (key_store_error, 500)."""
+@pytest.mark.parametrize(
+    ("spoil", "error", "code", "remote_message"),
+    [
+        (Path.unlink, SigningKeyMissingError, "signing_key_missing", "the store's signing key is missing"),
+        (lambda key: key.chmod(0o644), ExposedKeyFileError, "key_file_exposed", "a key file on the server is open to"),
+    ],
+    ids=["missing", "exposed"],
+)
+def test_a_signing_key_file_unfit_to_use_is_the_librarys_error(
+    tmp_path: Path, spoil: Callable[[Path], None], error: type[DeleaturError], code: str, remote_message: str
+) -> None:
+    """A server whose signing key file is gone, or open to other users, refuses a write
+    as the library does (503: the operator restores or restricts the file, then the call
+    can be made again), not as a failure of the keys (key_store_error, 500)."""
     store = tmp_path / "mem.db"
     opener = new_store(store)
     key = api_key(opener, Role.ADMIN)
-    store.with_name(store.name + ".signing-key").unlink()
-    with opener() as memory, pytest.raises(SigningKeyMissingError) as local:
+    spoil(store.with_name(store.name + ".signing-key"))
+    with pytest.raises(error) as local, opener() as memory:  # an exposed key is refused as the store opens
         memory.remember("kept", subject="Sig")
     with (
         serving(create_app(opener)) as url,
         Client(url, api_key=key) as client,
-        pytest.raises(SigningKeyMissingError) as remote,
+        pytest.raises(error) as remote,
     ):
         client.remember("kept", subject="Sig")
-    assert (remote.value.status, remote.value.code) == (503, "signing_key_missing")  # type: ignore[attr-defined]
+    assert (remote.value.status, remote.value.code) == (503, code)  # type: ignore[attr-defined]
     # The library's message names the key's file; a remote caller learns no server path.
     assert str(store.parent) in local.value.message and str(store.parent) not in remote.value.message
-    assert remote.value.message.startswith("the store's signing key is missing on the server")
-
-
-def test_an_exposed_signing_key_is_the_librarys_error_without_its_path(tmp_path: Path) -> None:
-    store = tmp_path / "mem.db"
-    opener = new_store(store)
-    key = api_key(opener, Role.ADMIN)
-    store.with_name(store.name + ".signing-key").chmod(0o644)
-    with (
-        serving(create_app(opener)) as url,
-        Client(url, api_key=key) as client,
-        pytest.raises(ExposedKeyFileError) as remote,
-    ):
-        client.remember("kept", subject="Sig")
-    assert (remote.value.status, remote.value.code) == (503, "key_file_exposed")  # type: ignore[attr-defined]
-    assert str(store.parent) not in remote.value.message
-    assert remote.value.message.startswith("a key file on the server is open to other users")
-    store.with_name(store.name + ".signing-key").chmod(0o600)
-    with opener() as memory:
-        assert list(memory.list()) == []
+    assert remote.value.message.startswith(remote_message)
 
 
 def test_a_query_too_long_for_a_url_is_answered(admin: Pair) -> None:
