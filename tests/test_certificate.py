@@ -321,6 +321,45 @@ def test_a_request_about_someone_the_store_never_held_is_certified_as_such(
     assert _verify(memory, cert, evidence) == ["store_absent"]
 
 
+def _key_statement(cert: dict[str, Any]) -> tuple[bool, list[str]]:
+    body = cert["certificate"]
+    return body["erasure"]["key_destroyed"], [
+        line for line in body["scope_statement"]["does_not_cover"] if "copies of the database" in line
+    ]
+
+
+@pytest.mark.parametrize("recorded_before", [False, True], ids=["now", "recorded-before-it-said"])
+def test_a_certificate_states_what_its_erasure_did_with_the_key_not_what_came_after(
+    memory: Memory, evidence: StoreEvidence, recorded_before: bool
+) -> None:
+    """Issued again after a later erasure destroyed the key this one kept, or after the
+    subject was given a new key, a certificate still says what its own erasure did; so
+    does one of a request recorded before requests said it (from its other counts)."""
+    memory.remember("e1", subject="Eve")
+    memory.remember("e2", subject="Eve", space=Space("u2"))
+    memory.erase("Eve", request_id="R1", basis=BASIS, requester="dpo", scope=SpaceFilter("u2"))
+    memory.erase("Eve", request_id="R2", basis=BASIS, requester="dpo")  # destroys the key R1 kept
+    conn = memory.backend._conn  # type: ignore[attr-defined]
+    said = "SELECT json_extract(counts, '$.subject_key_destroyed') FROM erasure_requests ORDER BY id"
+    assert conn.execute(said).fetchall() == [(0,), (1,)]
+    if recorded_before:
+        conn.execute("UPDATE erasure_requests SET counts = json_remove(counts, '$.subject_key_destroyed')")
+        assert conn.execute(said).fetchall() == [(None,), (None,)]
+    kept = (
+        False,
+        [
+            "copies of the database taken before the erasure: the subject's key was kept because 1 of its"
+            " record(s) remain outside this erasure's scope"
+        ],
+    )
+    assert _key_statement(memory.certificate("R1")) == kept
+    assert _key_statement(memory.certificate("R2")) == (True, [])
+    memory.remember("e3", subject="Eve")  # a new key for the subject
+    assert _key_statement(memory.certificate("R2")) == (True, [])
+    for request_id in ("R1", "R2"):
+        assert _verify(memory, memory.certificate(request_id), evidence) == ["store_absent"] * (request_id == "R2")
+
+
 def test_an_erasure_limited_to_some_spaces_is_checked_within_them(
     memory: Memory, clock: FakeClock, evidence: StoreEvidence
 ) -> None:

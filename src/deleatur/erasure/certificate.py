@@ -26,7 +26,7 @@ from ..errors import IntegrityError, InvalidInputError
 from ..log.checkpoint import Checkpoint
 from ..log.entries import Entry, EntryError, EventType
 from ..store.protocol import WAL_NOT_TRUNCATED
-from .requests import ErasureRequest, RequestStatus, one_month_after
+from .requests import SUBJECT_KEY_DESTROYED, ErasureRequest, RequestStatus, one_month_after
 from .scope import scope_statement
 
 if TYPE_CHECKING:
@@ -131,6 +131,22 @@ def _proven(memory: Memory, index: int, raw: bytes, size: int) -> dict[str, Any]
     }
 
 
+def _subject_key_destroyed(memory: Memory, request: ErasureRequest) -> bool:
+    """Whether this erasure destroyed the subject's data key: as it recorded, not as the
+    key store holds now, after later erasures (which may have destroyed a key this one
+    kept) and writes (which may have made the subject a new key). A request recorded
+    before it said so: its plan destroyed the key exactly when none of the subject's
+    records stayed beyond its scope; if it then destroyed no key, the key was already
+    gone or another erasure's to destroy, and the key store says which."""
+    assert request.subject_ref is not None
+    counts = request.counts
+    if SUBJECT_KEY_DESTROYED in counts:
+        return bool(counts[SUBJECT_KEY_DESTROYED])
+    if counts.get("kept_in_other_spaces", 0):
+        return False
+    return counts.get("keys_destroyed", 0) > 0 or not memory.keys.has_key(memory.tenant, request.subject_ref)
+
+
 def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]:
     request_id = request.id
     if request.status is not RequestStatus.COMPLETE:
@@ -174,7 +190,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             request_id=request_id,
         )
     if request.subject_ref is not None:
-        key_destroyed = not memory.keys.has_key(memory.tenant, request.subject_ref)
+        key_destroyed = _subject_key_destroyed(memory, request)
         other_keys_kept = max(subjects - destroyed, 0) if key_destroyed else max(subjects - destroyed - 1, 0)
     else:
         key_destroyed = subjects > 0 and destroyed >= subjects

@@ -42,6 +42,7 @@ from ..model import (
 from ..store.protocol import WAL_NOT_TRUNCATED
 from .plan import ErasurePlan, build_plan
 from .requests import (
+    SUBJECT_KEY_DESTROYED,
     ErasureRequest,
     RequestKind,
     RequestStatus,
@@ -512,6 +513,10 @@ def erase(
                 "derived_outside_scope": plan.outside_lineage,
                 "decisions_redacted": redacted,
             }
+            if subject_ref is not None:
+                # What this erasure did with the subject's key, for its certificate: the
+                # key store can only say what holds now, after later erasures and writes.
+                counts[SUBJECT_KEY_DESTROYED] = int(subject_ref in destroy)
             if kind is RequestKind.ACCOUNT:
                 counts["decisions_pseudonymized"] = moved
                 counts["principals_rescoped"] = rescoped

@@ -76,6 +76,9 @@ def one_month_after(micros: int) -> int:
     return from_datetime(datetime(year, month, day, start.hour, start.minute, start.second, tzinfo=start.tzinfo))
 
 
+#: A subject erasure's count: 1 if it destroyed the subject's data key (or found it gone,
+#: or left it to another erasure destroying it), 0 if it kept it (records beyond its scope).
+SUBJECT_KEY_DESTROYED = "subject_key_destroyed"
 #: The counts of records beyond an erasure's scope, not shown to a key scoped to users.
 BEYOND_SCOPES = ("kept_in_other_spaces", "derived_outside_scope")
 
