@@ -265,8 +265,14 @@ def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
         ("audit.show", "ok"),  # showing the trail is a call like any other
     ]
     state = tmp_path / "auditor.state"
+    code, out, _ = cli("audit", "verify")
+    # The note names the option that anchors this command, which it takes.
+    assert code == 0 and "NOT ANCHORED: no --state file holding the checkpoint of an earlier passing" in out
+    assert "--expected-checkpoint" not in out
     code, out, _ = cli("audit", "verify", "--state", str(state))
     assert code == 0 and "VERDICT: PASS" in out
+    code, out, _ = cli("audit", "verify", "--state", str(state))
+    assert code == 0 and "NOT ANCHORED" not in out
     code, out, _ = cli("principals", "list", "--json")
     assert [p["name"] for p in json.loads(out)] == ["bot"]
     assert cli("principals", "revoke", made["id"])[0] == 0

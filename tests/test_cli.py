@@ -500,12 +500,23 @@ def test_an_expiry_in_microseconds_is_taken(cli: Cli, store: Path) -> None:
     assert json.loads(out)["expires_at"] == "2100-01-01T00:00:00Z"
 
 
-def test_tables_show_text_with_brackets_literally(cli: Cli) -> None:
-    assert cli("init")[0] == 0
-    assert cli("remember", "[red]note[/red] about [b]x", "-s", "Alice")[0] == 0
-    code, out, _ = cli("list")
+def test_tables_and_lines_show_text_with_brackets_literally(cli: Cli, tmp_path: Path) -> None:
+    """Stored text, keys, names and paths may hold "[...]", which rich takes for markup
+    and swallows, in a table cell and in a one-line confirmation alike."""
+    store = tmp_path / "[bold]" / "m.db"
+    code, out, _ = cli("--store", str(store), "init")
+    assert (code, out.splitlines()[0]) == (0, f"store:      {store}")
+    in_store = ("--store", str(store))
+    code, out, _ = cli(*in_store, "remember", "[red]note[/red] about [b]x", "-s", "Alice", "--key", "k[bold]")
     assert code == 0
-    assert "[red]note[/red] about [b]x" in out
+    code, listed, _ = cli(*in_store, "list")
+    assert code == 0
+    assert "[red]note[/red] about [b]x" in listed
+    assert cli(*in_store, "forget", "--key", "k[bold]") == (0, f"retired {out.strip()} [key=k[bold]]\n", "")
+    code, out, _ = cli(*in_store, "principals", "create", "[red]bot", "--role", "viewer")
+    assert code == 0 and out.startswith("created viewer '[red]bot' (")
+    code, out, _ = cli(*in_store, "export", "--subject", "Alice", "--out", str(tmp_path / "[red]x.json"))
+    assert (code, out) == (0, f"exported 1 record(s), 2 log entries -> {tmp_path / '[red]x.json'}\n")
 
 
 def test_serve_on_a_port_in_use_is_refused_with_exit_2(cli: Cli) -> None:

@@ -128,8 +128,7 @@ class ExposedKeyFileError(KeyStoreError):
 
     exit_code = 2
     remote_message = (
-        "a key file on the server is open to other users: the store cannot be used until its operator restricts"
-        " it"
+        "a key file on the server is open to other users: the store cannot be used until its operator restricts it"
     )
 
 

@@ -1322,6 +1322,7 @@ class Memory:
         pinned_keys: builtins.list[Verifier] | None = None,
         pinned_checkpoint: Note | None = None,
         size: int | None = None,
+        pin_with: str = "--expected-checkpoint",
     ) -> Report:
         refused = None
         if size is not None:
@@ -1347,6 +1348,7 @@ class Memory:
             pinned_checkpoint=pinned_checkpoint,
             consistency=self.log.consistency_proof,
             listed_keys=[(k, v, i) for k, v, i, _ in self.backend.signing_keys() if size is None or i < size],
+            pin_with=pin_with,
         )
         if refused is not None:
             report.notes.append(f"NOT SIGNED: {refused.message}")

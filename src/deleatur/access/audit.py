@@ -249,7 +249,14 @@ def verify(
             pinned = Note.parse(state.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, NoteError):
             raise InvalidInputError(f"{state} is not an auditor state file (a signed checkpoint)") from None
-    report = memory._verify_log(pinned_keys=pinned_keys, pinned_checkpoint=pinned, size=size)
+    # The trail is pinned by the state an earlier passing verification left (which a
+    # first one with --state writes), not by a checkpoint given to it.
+    report = memory._verify_log(
+        pinned_keys=pinned_keys,
+        pinned_checkpoint=pinned,
+        size=size,
+        pin_with="--state file holding the checkpoint of an earlier passing verification (a first run writes it)",
+    )
     if report.ok and state is not None:
         latest = memory.backend.checkpoint(size)
         if latest is not None:

@@ -46,8 +46,6 @@ def whoami(as_json: JsonOpt = False) -> None:
         f"{described['name']} ({described['id']}): {described['role']} of tenant {described['tenant']!r},"
         f" capabilities {', '.join(described['capabilities'])},"  # type: ignore[arg-type]
         f" {'all users' if scopes is None else 'users ' + ', '.join(scopes)}",  # type: ignore[arg-type]
-        markup=False,
-        highlight=False,
     )
 
 
@@ -70,7 +68,7 @@ def create(
         emit({**principal.describe(), "api_key": api_key})
         return
     out.print(f"created {principal.role.value} {principal.name!r} ({principal.id}) in tenant {principal.tenant!r}")
-    out.print(f"API key (shown once, keep it secret): {api_key}", markup=False, highlight=False)
+    out.print(f"API key (shown once, keep it secret): {api_key}")
 
 
 @principals_app.command("list")
@@ -102,7 +100,7 @@ def revoke(principal_id: str) -> None:
     """Revoke a principal's API key at once."""
     with open_memory() as memory:
         memory.revoke_principal(principal_id)
-    out.print(f"revoked {principal_id}", markup=False)
+    out.print(f"revoked {principal_id}")
 
 
 @audit_app.command("show")
@@ -122,7 +120,7 @@ def show(
                 continue
             rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("index", "type", "time"))
             line = f"{data['index']:>8} {data['time']} {data['type']:<10} {rest}"
-            out.print(visible(line), markup=False, highlight=False)
+            out.print(visible(line))
 
 
 @audit_app.command("verify")
@@ -166,7 +164,7 @@ def record_decision(
     if as_json:
         emit(decision.to_json())
     else:
-        out.print(f"recorded decision {decision.id} (sha256 {decision.hash})", markup=False)
+        out.print(f"recorded decision {decision.id} (sha256 {decision.hash})")
 
 
 @decision_app.command("explain")
@@ -184,8 +182,8 @@ def explain_decision(
         emit(decision.to_json())
         return
     body = decision.body
-    out.print(f"decision {decision.id}: {body['summary']}", markup=False, highlight=False)
-    out.print(f"signature verified ({decision.signed_by}); sha256 {decision.hash}", markup=False)
+    out.print(f"decision {decision.id}: {body['summary']}")
+    out.print(f"signature verified ({decision.signed_by}); sha256 {decision.hash}")
     table = Table()
     for column in ("record", "key", "value", "confidence", "log index"):
         table.add_column(column)
@@ -194,4 +192,4 @@ def explain_decision(
         add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
     out.print(table)
     for r in body["redactions"]:
-        out.print(f"redacted by {r['by']} {r['request']}: {len(r['records'])} belief(s)", markup=False)
+        out.print(f"redacted by {r['by']} {r['request']}: {len(r['records'])} belief(s)")

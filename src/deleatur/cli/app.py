@@ -45,6 +45,7 @@ from .common import (
     print_error,
     read_text,
     store_tenant,
+    visible,
     write_output,
 )
 from .logs import keys_app, log_app, witness_app
@@ -95,9 +96,9 @@ def init(as_json: JsonOpt = False) -> None:
             }
         )
         return
-    out.print(f"store:      {info.store}")
-    out.print(f"key store:  {info.key_store}  (keep it out of database backups)")
-    out.print(f"master key: {info.master_key}")
+    out.print(f"store:      {visible(str(info.store))}")
+    out.print(f"key store:  {visible(str(info.key_store))}  (keep it out of database backups)")
+    out.print(f"master key: {visible(str(info.master_key))}")
     out.print(f"store id:   {info.store_id}")
 
 
@@ -247,7 +248,7 @@ def forget(
     if as_json:
         emit(record.to_json())
     else:
-        out.print(f"retired {record.id}" + (f" [key={record.key}]" if record.key else ""))
+        out.print(f"retired {record.id}" + (f" [key={visible(record.key)}]" if record.key else ""))
 
 
 @app.command()

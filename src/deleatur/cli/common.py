@@ -33,8 +33,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# Plain text: what is printed quotes stored text, ids and paths, in which rich would
+# take "[...]" for markup and swallow it, and colour numbers at random.
+out = Console(soft_wrap=True, markup=False, highlight=False)
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 def _default_store() -> Path:
@@ -155,7 +157,7 @@ def print_error(message: str) -> None:
     caller's input (a file name, say) is shown as stored text is, its control characters
     as their codes: an escape sequence in it would run in the terminal, a line break
     split the line."""
-    err.print(f"error: {visible(message)}", markup=False, highlight=False)
+    err.print(f"error: {visible(message)}")
 
 
 def emit(payload: Any) -> None:
@@ -236,6 +238,6 @@ def print_report(report: Report, as_json: bool) -> None:
         emit(report.to_json())
     else:
         for line in report.lines():
-            out.print(line, markup=False, highlight=False)
+            out.print(line)
     if not report.ok:
         raise typer.Exit(1)

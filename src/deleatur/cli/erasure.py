@@ -54,7 +54,7 @@ WAL_HELD = (
 
 def _print_kept_restricted(records: int) -> None:
     if records:
-        out.print(f"kept: {records} record(s) of restricted subjects (Art. 18)", markup=False)
+        out.print(f"kept: {records} record(s) of restricted subjects (Art. 18)")
 
 
 def _print_plan(plan: ErasurePlan, token: str | None) -> None:
@@ -64,7 +64,6 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         direct = "in the account's spaces" if plan.scope.user_id is not None else "expired or past retention"
     out.print(
         f"would erase {plan.total} record(s): {len(plan.direct)} {direct}, {len(plan.lineage)} reached through lineage",
-        markup=False,
     )
     table = Table(show_header=True)
     for column in ("via", "id", "space", "status", "subject"):
@@ -75,17 +74,16 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(table)
     if plan.other_subjects:
         others = ", ".join(visible(s) for s in plan.other_subjects)
-        out.print(f"other subjects whose derived records go too: {others}", markup=False)
+        out.print(f"other subjects whose derived records go too: {others}")
     if plan.ambiguous:
         out.print(
             "AMBIGUOUS: the subject matches several spellings: "
             + ", ".join(repr(s) for s in plan.spellings)
             + " (erasing needs --allow-ambiguous)",
-            markup=False,
         )
     for space, n in plan.per_space().items():
-        out.print(f"  {visible(space)}: {n}", markup=False)
-    out.print(f"data keys to destroy: {plan.keys_destroyed}", markup=False)
+        out.print(f"  {visible(space)}: {n}")
+    out.print(f"data keys to destroy: {plan.keys_destroyed}")
     if plan.kept_elsewhere:
         out.print(f"kept: {plan.kept_elsewhere} record(s) of the subject outside this scope (its key stays)")
     if plan.outside_lineage:
@@ -95,12 +93,11 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
         out.print(
             f"WARNING: {plan.erases_restricted} of these record(s) are of restricted subjects (Art. 18), whom a"
             " restriction may keep them for (a legal claim): an erasure takes them all the same",
-            markup=False,
         )
     if plan.subject is not None:
-        out.print(f"note: {RESIDUE_HINT}", markup=False)
+        out.print(f"note: {RESIDUE_HINT}")
     if token:
-        out.print(f"confirmation token (single use, 15 min): {token}", markup=False)
+        out.print(f"confirmation token (single use, 15 min): {token}")
 
 
 def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int] | None = None) -> None:
@@ -108,11 +105,11 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
         emit({**result.to_json(system_clock()), **(extra or {})})
         return
     for name, value in (extra or {}).items():
-        out.print(f"{name.replace('_', ' ')}: {value}", markup=False)
+        out.print(f"{name.replace('_', ' ')}: {value}")
     if result.request is None:
         assert result.plan is not None
         if result.nothing_due:
-            out.print(NOTHING_DUE, markup=False)
+            out.print(NOTHING_DUE)
             _print_kept_restricted(result.plan.kept_restricted)
         else:
             _print_plan(result.plan, result.token)
@@ -123,14 +120,13 @@ def report_erasure(result: ErasureResult, as_json: bool, *, extra: dict[str, int
     out.print(
         f"{prefix}erased {counts.get('records', 0)} record(s), {len(request.tombstones)} tombstone(s), "
         f"{counts.get('keys_destroyed', 0)} data key(s) destroyed [request {request.id}, {request.status.value}]",
-        markup=False,
     )
     _print_kept_restricted(counts.get("kept_restricted", 0))
     if WAL_NOT_TRUNCATED in counts:
-        out.print(WAL_HELD, markup=False)
+        out.print(WAL_HELD)
     if not counts.get("records", 0):
-        out.print(f"{NOTHING_HELD}; the request is recorded, and its certificate says so", markup=False)
-    out.print(f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json", markup=False)
+        out.print(f"{NOTHING_HELD}; the request is recorded, and its certificate says so")
+    out.print(f"certificate: deleatur certificate --request-id {request.id} --out {request.id}.cert.json")
 
 
 @contextmanager
@@ -243,11 +239,11 @@ def certificate(
     write_output(out_file, json.dumps(document, indent=2, sort_keys=True) + "\n")
     if not document["certificate"]["erasure"]["wal_truncated"]:
         # On stderr: the certificate itself may be going to standard output.
-        err.print(f"note: {WAL_HELD}; the certificate says so: issue it again then", markup=False, highlight=False)
+        err.print(f"note: {WAL_HELD}; the certificate says so: issue it again then")
     if out_file is not None:
         attested = document["certificate"]["erasure"]["records"]
         what = f"{attested} erasure(s) attested" if attested else "nothing was held: it attests no erasure"
-        out.print(f"wrote erasure certificate -> {out_file} ({what})", markup=False)
+        out.print(f"wrote erasure certificate -> {out_file} ({what})")
 
 
 @app.command()

@@ -29,6 +29,7 @@ from .common import (
     pin_key,
     print_report,
     read_input,
+    visible,
     write_output,
 )
 
@@ -59,7 +60,7 @@ def keys_new(as_json: JsonOpt = False) -> None:
     if as_json:
         emit({"key_file": str(path), "vkey": signer.verifier.vkey})
     else:
-        out.print(f"signing key written to {path} (0600)\nverifier key: {signer.verifier.vkey}")
+        out.print(f"signing key written to {visible(str(path))} (0600)\nverifier key: {signer.verifier.vkey}")
 
 
 @keys_app.command("rotate")
@@ -94,7 +95,7 @@ def keys_export_public(
     """The current verifier key (C2SP signed-note form), to give to verifiers out of band."""
     with open_memory() as memory:
         verifier = memory.public_key()
-    out.print(verifier.public_key.hex() if raw_hex else verifier.vkey, markup=False, highlight=False)
+    out.print(verifier.public_key.hex() if raw_hex else verifier.vkey)
 
 
 @log_app.command("checkpoint")
@@ -198,7 +199,7 @@ def log_entries(
         for index, raw in memory.backend.log_entries(start, start + limit):
             leaf = pruned_leaf(raw)
             text = raw.decode("ascii") if leaf is None else f"(pruned by audit retention; leaf hash {leaf.hex()})"
-            out.print(f"{index} {text}", markup=False, highlight=False)
+            out.print(f"{index} {text}")
 
 
 @app.command()
@@ -260,7 +261,7 @@ WitnessOpt = Annotated[Path, typer.Option("--state", envvar="DELEATUR_WITNESS", 
 def witness_init(state: WitnessOpt, name: Annotated[str, typer.Option("--name", help="The witness key name.")]) -> None:
     """Create a witness: a state file and a cosigning key (0600) beside it."""
     witness = Witness.create(state, name)
-    out.print(f"witness {name}\ncosigner key: {witness.vkey}", markup=False, highlight=False)
+    out.print(f"witness {visible(name)}\ncosigner key: {witness.vkey}")
     witness.close()
 
 
@@ -272,7 +273,7 @@ def witness_add_log(state: WitnessOpt, vkey: str) -> None:
         origin = witness.add_log(pin_key(vkey, "", "VKEY").vkey)
     finally:
         witness.close()
-    out.print(f"now witnessing {origin}", markup=False, highlight=False)
+    out.print(f"now witnessing {origin}")
 
 
 @witness_app.command("update-log")
@@ -288,7 +289,7 @@ def witness_update_log(
         origin = witness.update_log(pin_key(vkey, "", "VKEY").vkey, read_input(proof))
     finally:
         witness.close()
-    out.print(f"now witnessing {origin} under its key {vkey.strip()}", markup=False, highlight=False)
+    out.print(f"now witnessing {origin} under its key {vkey.strip()}")
 
 
 @witness_app.command("cosign")
@@ -318,6 +319,6 @@ def witness_show(state: WitnessOpt, as_json: JsonOpt = False) -> None:
     if as_json:
         emit({"cosigner_key": vkey, "logs": [{"origin": o, "vkey": v, "size": n} for o, v, n in logs]})
         return
-    out.print(f"cosigner key: {vkey}", markup=False, highlight=False)
+    out.print(f"cosigner key: {vkey}")
     for origin, log_vkey, size in logs:
-        out.print(f"{origin}  size {size}  {log_vkey}", markup=False, highlight=False)
+        out.print(f"{origin}  size {size}  {log_vkey}")

@@ -23,6 +23,7 @@ from .common import (
     open_memory,
     out,
     refuse_store_file,
+    visible,
 )
 from .erasure import ConfirmOpt, TokenOpt, report_erasure
 
@@ -42,7 +43,7 @@ def restrict(
     if as_json:
         emit(restriction.to_json())
     else:
-        out.print(f"restricted {restriction.subject}", markup=False)
+        out.print(f"restricted {visible(restriction.subject)}")
 
 
 @app.command()
@@ -95,7 +96,8 @@ def export(
             with private_output(out_path) as handle:
                 counts = memory.export_json(handle, subject=subject, user_id=user)
     if out_path is not None:
-        out.print(f"exported {counts['records']} record(s), {counts['log_entries']} log entries -> {out_path}")
+        shown = visible(str(out_path))
+        out.print(f"exported {counts['records']} record(s), {counts['log_entries']} log entries -> {shown}")
 
 
 retention_app = typer.Typer(help="The retention policy (Art. 5(1)(e)).", no_args_is_help=True)
@@ -110,7 +112,7 @@ def retention_set(
     """Records written to spaces of KIND expire after DAYS."""
     with open_memory() as memory:
         memory.set_retention(kind, days)
-    out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"), markup=False)
+    out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"))
 
 
 @retention_app.command("show")
@@ -122,7 +124,7 @@ def retention_show(as_json: JsonOpt = False) -> None:
         emit(current)
         return
     for kind, days in current.items():
-        out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"), markup=False)
+        out.print(f"{kind} spaces: " + (f"{days:g} days" if days is not None else "kept until erased"))
 
 
 @app.command()

@@ -67,7 +67,7 @@ def _serve(name: str, host: str, port: int, tail: str, build: Callable[[], ASGIA
     where = f"deleatur {name} on http://{host}:{sock.getsockname()[1]}{tail}"
     if workers > 1:
         where += f", {workers} worker processes"
-    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where, markup=False), died=print_error)
+    status = run_workers(build, sock, workers=workers, started=lambda: err.print(where), died=print_error)
     if status:
         raise typer.Exit(status)
 

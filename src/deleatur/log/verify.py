@@ -70,9 +70,11 @@ def verify_log(
     pinned_checkpoint: Note | None = None,
     consistency: Callable[[int, int], list[bytes]] | None = None,
     listed_keys: Iterable[tuple[str, str, int]] | None = None,
+    pin_with: str = "--expected-checkpoint",
 ) -> Report:
     """``listed_keys``: the store's list of its signing keys (key id, verifier key, index of
-    the announcing entry), compared with the log's announcements in check 9."""
+    the announcing entry), compared with the log's announcements in check 9. ``pin_with``
+    names, in the note of an unpinned verification, what would have pinned it."""
     report = Report("log")
     cps = sorted(checkpoints)
     notes_by_size: dict[int, Note] = {}
@@ -186,7 +188,7 @@ def verify_log(
     if pinned_checkpoint is None:
         report.add("pinned", None, "no earlier checkpoint pinned")
         report.notes.append(
-            "NOT ANCHORED: no --expected-checkpoint, so the log was checked against itself only; "
+            f"NOT ANCHORED: no {pin_with}, so the log was checked against itself only; "
             "whoever holds the signing key can rewrite or trim it and re-sign. Pin a checkpoint "
             "you obtained earlier or one cosigned by a witness."
         )
