@@ -112,7 +112,15 @@ def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     assert cli("witness", "cosign", "--state", str(state), str(request))[0] == 0
     code, _, err = cli("witness", "cosign", "--state", str(state), str(first))
     assert code == 2
-    assert "latest size" in err
+    latest_size = cli("log", "checkpoint")[1].splitlines()[1]
+    # The refusal says how to make the request it takes; done, the witness cosigns.
+    assert f"latest size for {_vkey(cli).split('+')[0]} is {latest_size}: send the log's consistency" in err
+    last = tmp_path / "last.txt"
+    assert f"`deleatur log checkpoint --size {latest_size} --out last.txt`" in err
+    cli("remember", "more still", "-s", "a")
+    assert cli("log", "checkpoint", "--size", latest_size, "--out", str(last))[0] == 0
+    assert cli("log", "consistency", str(last), "--out", str(request))[0] == 0
+    assert cli("witness", "cosign", "--state", str(state), str(request))[0] == 0
     latest_size = cli("log", "checkpoint")[1].splitlines()[1]
     code, out, _ = cli("witness", "show", "--state", str(state))
     assert f"size {latest_size} " in out  # the checkpoint the consistency request carried

@@ -296,7 +296,12 @@ class Witness:
         if old_size > checkpoint.size:
             raise WitnessError(f"old size {old_size} is larger than the checkpoint's {checkpoint.size}")
         if old_size != seen_size:
-            raise ConflictError(f"the witness's latest size for {checkpoint.origin} is {seen_size}", seen_size)
+            raise ConflictError(
+                f"the witness's latest size for {checkpoint.origin} is {seen_size}: send the log's consistency"
+                f" from its checkpoint of that size (`deleatur log checkpoint --size {seen_size} --out last.txt`,"
+                " then `deleatur log consistency last.txt`)",
+                seen_size,
+            )
         if old_size == checkpoint.size and seen_size > 0 and seen_root != checkpoint.root:
             raise ConflictError(
                 f"split view: a checkpoint of size {seen_size} with a different root was cosigned before",
