@@ -387,3 +387,17 @@ def test_streaming_calls_refuse_bad_arguments_when_made_and_audit_the_failure(me
         memory.audit_entries(start=-5)
     calls = [Entry.decode(raw).fields for _, raw in memory.backend.log_entries() if b'"type":"call"' in raw]
     assert [(c["action"], c["outcome"]) for c in calls[-2:]] == [("list", "failed"), ("audit.show", "failed")]
+
+
+def test_a_dry_run_is_told_from_the_erasure_it_plans_in_the_trail(memory: Memory) -> None:
+    """Both are `erase` calls naming the subject and the request id: only the dry run's
+    entry says it changed nothing."""
+    memory.remember("Dora's phone", subject="Dora")
+    memory.erase("Dora", request_id="D-1", basis=BASIS, requester="dpo", dry_run=True, issue_token=True)
+    memory.erase("Dora", request_id="D-1", basis=BASIS, requester="dpo")
+    memory.purge(older_than_days=0, dry_run=True)
+    erases = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["action"] == "erase"]
+    assert [(f["request"], f.get("dry_run")) for f in erases] == [("D-1", True), ("D-1", None)]
+    assert erases[0]["subject"] == erases[1]["subject"]
+    (purged,) = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["action"] == "purge"]
+    assert purged["dry_run"] is True

@@ -94,6 +94,14 @@ def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any])
 _BEYOND_SCOPES = "\x00beyond the key's scopes"
 
 
+def mark_dry_run(memory: Memory) -> None:
+    """Say in the current call's audit entry that it only planned: a dry run's entry was
+    the erasure's to the letter, its action, subject and request id included."""
+    call = current(memory)
+    if call is not None:
+        call.extra["dry_run"] = True
+
+
 def name_request_users(memory: Memory, request: ErasureRequest) -> None:
     """Name the users ``request`` reached in the current call's audit entry, as the
     guard names a call's users, so that each of them finds the reads of their erasure

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..access import calls
 from ..access.principals import OPERATOR_ID, Role, rescope_erased_user
 from ..decisions.snapshots import pseudonymize_spaces, summary_key_ref
 from ..decisions.snapshots import redact as redact_decisions
@@ -353,6 +354,7 @@ def erase(
             request_id=request_id,
         )
     if dry_run:
+        calls.mark_dry_run(memory)
         plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None
         if issue_token:
