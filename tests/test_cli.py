@@ -609,3 +609,14 @@ def test_audit_show_keeps_an_older_multi_line_actor_on_its_entrys_line(
     code, out, _ = cli("audit", "show")
     assert code == 0 and "actor=clerk\\nactor=operator" in out
     assert not any(line.startswith("actor=") for line in out.splitlines())
+
+
+def test_a_global_option_after_the_command_is_told_where_it_goes(cli: Cli, store: Path) -> None:
+    code, _, err = cli("list", "--store", str(store))
+    assert code == 2
+    assert err.startswith("error: No such option: --store")
+    assert err.endswith("; --store is a global option: give it before the command (deleatur --store ... COMMAND)\n")
+    code, _, err = cli("whoami", "--api-key", "x")
+    assert (code, err.count("\n")) == (2, 1) and "--api-key is a global option" in err
+    code, _, err = cli("list", "--bogus")
+    assert (code, err) == (2, "error: No such option: --bogus (Possible options: --user)\n")

@@ -69,6 +69,10 @@ def test_ambiguous_and_confirmation(cli: Cli, store: Path) -> None:
     code, _, err = cli("erase", "alice smith", *ERASE)
     assert code == 2
     assert "--allow-ambiguous" in err
+    # One line, which says the request is recorded and how to finish it.
+    request_id = ERASE[ERASE.index("--request-id") + 1]
+    assert err.endswith(f" (request {request_id} recorded as failed: retry under this request id)\n")
+    assert err.count("\n") == 1
     code, out, _ = cli(
         "erase", "alice smith", "--request-id", "D2", "--basis", "b", "--dry-run", "--issue-token", "--json"
     )

@@ -162,7 +162,7 @@ async def _tour(session: ClientSession) -> None:
     ambiguous = await session.call_tool("delete", {"subject": "Rita Ruiz", "user_id": "amb"})
     assert ambiguous.is_error and isinstance(ambiguous.structured_content, dict)
     failed = ambiguous.structured_content["error"]["request_id"]
-    assert _text(ambiguous).endswith(f" [request {failed} recorded as failed: retry under this request_id]")
+    assert _text(ambiguous).endswith(f" [request {failed} recorded as failed: retry under this request id]")
     assert (await _data(session, "erasure_status", request_id=failed))["status"] == "failed"
     retried = await _call(
         session, "delete", subject="Rita Ruiz", user_id="amb", request_id=failed, allow_ambiguous=True

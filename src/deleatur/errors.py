@@ -72,6 +72,14 @@ class DeleaturError(Exception):
         self.record_id = record_id
         self.request_id = request_id
 
+    @property
+    def retry_note(self) -> str | None:
+        """What a shell tells the caller of an erasure refused after its request was
+        recorded (:attr:`request_recorded`); None for any other error."""
+        if not self.request_recorded:
+            return None
+        return f"request {self.request_id} recorded as failed: retry under this request id"
+
 
 class InvalidInputError(DeleaturError):
     """The caller passed something deleatur refuses (empty text, bad JSON, ...)."""

@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 # Typer's own copy of click raises these; it has no public name for them.
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
 
 from .. import __version__
 from ..crypto.master import default_key_file, from_environment
@@ -350,6 +350,18 @@ def _output_failed(exc: OSError) -> NoReturn:
     _fail(f"cannot write the output: {exc.strerror}", 1)
 
 
+def _where_global_options_go(exc: ClickException) -> str:
+    """A global option given after the command is unknown there: say where it goes."""
+    if not isinstance(exc, NoSuchOption):
+        return ""
+    name = exc.option_name
+    # Read from the command only now: building it costs the startup of every command.
+    global_options = {option for param in typer.main.get_command(app).params for option in getattr(param, "opts", ())}
+    if name == "--help" or name not in global_options:
+        return ""
+    return f"; {name} is a global option: give it before the command (deleatur {name} ... COMMAND)"
+
+
 def _terminated(signum: int, _frame: object) -> None:
     # Python's default for SIGTERM (a service stopping, a timeout) ends the process at
     # once, leaving a partial export (personal data in clear) beside its output. As an
@@ -368,11 +380,11 @@ def main() -> None:
     except NoArgsIsHelpError:
         raise SystemExit(2) from None  # the help is already printed
     except ClickException as exc:
-        _fail(" ".join(exc.format_message().split()), exc.exit_code)
+        _fail(" ".join(exc.format_message().split()) + _where_global_options_go(exc), exc.exit_code)
     except typer.Abort:
         _fail("aborted", 1)
     except DeleaturError as exc:
-        _fail(exc.message, exc.exit_code)
+        _fail(exc.message if exc.retry_note is None else f"{exc.message} ({exc.retry_note})", exc.exit_code)
     except _OutputError as exc:
         _output_failed(exc)
     except Exception as exc:

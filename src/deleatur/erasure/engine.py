@@ -411,7 +411,9 @@ def erase(
     # audit log has the call), so it cannot hold an id another caller means to use.
     if confirmation is None and (require_confirmation or memory.principal.role is Role.AGENT):
         raise ConfirmationRequiredError(
-            "this caller must confirm: run a dry run with a token and present it", request_id=request_id
+            "this caller must confirm: run a dry run with issue_token (--dry-run --issue-token), then present"
+            " its token as confirmation (--confirm TOKEN)",
+            request_id=request_id,
         )
     token_hash = None if confirmation is None else _token_hash(confirmation)
     spent: tuple[bytes, bytes] | None = None  # what the token confirmed, once spent under the lock

@@ -286,8 +286,8 @@ def build_server(
         except Exception as exc:
             info = error_info(exc)
             text = f"Error ({info.code}): {info.message}"
-            if erasure and isinstance(exc, DeleaturError) and exc.request_recorded:
-                text += f" [request {exc.request_id} recorded as failed: retry under this request_id]"
+            if erasure and isinstance(exc, DeleaturError) and exc.retry_note is not None:
+                text += f" [{exc.retry_note}]"
             return CallToolResult(
                 content=[TextContent(type="text", text=text)],
                 structured_content=info.to_json(),
