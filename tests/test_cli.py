@@ -620,3 +620,16 @@ def test_a_global_option_after_the_command_is_told_where_it_goes(cli: Cli, store
     assert (code, err.count("\n")) == (2, 1) and "--api-key is a global option" in err
     code, _, err = cli("list", "--bogus")
     assert (code, err) == (2, "error: No such option: --bogus (Possible options: --user)\n")
+
+
+def test_ids_in_tables_are_whole_on_a_narrow_terminal(cli: Cli, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id is copied from a table into the next command: stored text wraps instead."""
+    code, out, _ = cli("remember", "a long text that has to wrap somewhere in a narrow table " * 3, "-s", "Bob")
+    record_id = out.strip()
+    code, out, _ = cli("principals", "create", "a bot", "--role", "viewer", "--json")
+    principal_id = json.loads(out)["id"]
+    monkeypatch.setenv("COLUMNS", "60")
+    for command, whole in ((("list",), record_id), (("principals", "list"), principal_id)):
+        code, out, _ = cli(*command)
+        assert code == 0 and max(map(len, out.splitlines())) <= 60
+        assert any(f"│ {whole} │" in line for line in out.splitlines()), out

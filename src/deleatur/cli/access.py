@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..access.principals import Role
 from ..model import Space
@@ -20,6 +19,7 @@ from .common import (
     add_row,
     app,
     emit,
+    new_table,
     open_memory,
     out,
     pin_key,
@@ -79,9 +79,7 @@ def list_(as_json: JsonOpt = False) -> None:
     if as_json:
         emit(rows)
         return
-    table = Table()
-    for column in ("id", "name", "role", "scopes", "revoked"):
-        table.add_column(column)
+    table = new_table("id", "name", "role", "scopes", "revoked", free=("name", "scopes"))
     for r in rows:
         scopes = r["scopes"]
         add_row(
@@ -184,9 +182,7 @@ def explain_decision(
     body = decision.body
     out.print(f"decision {decision.id}: {body['summary']}")
     out.print(f"signature verified ({decision.signed_by}); sha256 {decision.hash}")
-    table = Table()
-    for column in ("record", "key", "value", "confidence", "log index"):
-        table.add_column(column)
+    table = new_table("record", "key", "value", "confidence", "log index", free=("key", "value"))
     for b in body["beliefs"]:
         value = "[redacted: erased]" if b["redacted"] else b["value"]
         add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))

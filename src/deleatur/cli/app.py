@@ -40,6 +40,7 @@ from .common import (
     app,
     check_output_path,
     emit,
+    new_table,
     open_memory,
     out,
     print_error,
@@ -58,12 +59,10 @@ app.add_typer(witness_app, name="witness")
 def _records_table(
     records: Iterable[Record], *, scores: dict[str, float] | None = None, provenance: bool = False
 ) -> Table:
-    table = Table(show_lines=False)
     columns = ["id", "subject", "key", "status", "text"]
     columns += ["score"] if scores is not None else []
     columns += ["reason", "actor"] if provenance else []
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    table = new_table(*columns, free=("subject", "key", "text", "reason", "actor"))
     for r in records:
         row = [r.id, r.subject_original, r.key or "", r.status.value, r.text]
         row += [f"{scores[r.id]:.3f}"] if scores is not None else []
@@ -197,7 +196,7 @@ def get(
     if as_json:
         emit(record.to_json())
         return
-    table = Table(show_header=False)
+    table = new_table("field", "value", free=("value",), show_header=False)
     for name, value in record.to_json().items():
         add_row(
             table,

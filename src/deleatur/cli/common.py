@@ -146,6 +146,19 @@ def visible(text: str, *, lines: bool = False) -> str:
     return _NOT_PRINTABLE_ASCII.sub(shown, text)
 
 
+def new_table(*columns: str, free: tuple[str, ...] = (), show_header: bool = True) -> Table:
+    """A table whose columns of ids, times and counts are never wrapped or cut short (an
+    id is copied from it into the next command); only the ``free`` ones, of stored text,
+    wrap to fit the terminal."""
+    table = Table(show_header=show_header)
+    for column in columns:
+        if column in free:
+            table.add_column(column, overflow="fold")
+        else:
+            table.add_column(column, no_wrap=True)
+    return table
+
+
 def add_row(table: Table, *values: str) -> None:
     """A table row of plain text: stored text may contain "[...]", which rich would
     otherwise take for markup and swallow."""

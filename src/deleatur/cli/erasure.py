@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..clock import system_clock
 from ..erasure.engine import DRY_RUN_FIRST, ErasureResult
@@ -28,6 +27,7 @@ from .common import (
     app,
     emit,
     err,
+    new_table,
     open_memory,
     out,
     print_report,
@@ -65,9 +65,7 @@ def _print_plan(plan: ErasurePlan, token: str | None) -> None:
     out.print(
         f"would erase {plan.total} record(s): {len(plan.direct)} {direct}, {len(plan.lineage)} reached through lineage",
     )
-    table = Table(show_header=True)
-    for column in ("via", "id", "space", "status", "subject"):
-        table.add_column(column)
+    table = new_table("via", "id", "space", "status", "subject", free=("space", "subject"))
     for r in (*plan.direct, *plan.lineage):
         add_row(table, r.via, r.id, f"{r.user_id}/{r.agent_id}/{r.run_id}", r.status.value, r.subject)
     if plan.total:
@@ -209,9 +207,7 @@ def requests(as_json: JsonOpt = False) -> None:
     if as_json:
         emit(rows)
         return
-    table = Table()
-    for column in ("id", "kind", "subject", "status", "records", "received", "deadline", "met"):
-        table.add_column(column)
+    table = new_table("id", "kind", "subject", "status", "records", "received", "deadline", "met")
     for r in rows:
         met = {True: "yes", False: "NO", None: "open"}[r["deadline_met"]]
         add_row(
@@ -298,9 +294,7 @@ def residue(
     if not hits:
         out.print("no residue: no other record mentions these identifiers")
         return
-    table = Table()
-    for column in ("id", "space", "tagged subject", "mentions"):
-        table.add_column(column)
+    table = new_table("id", "space", "tagged subject", "mentions", free=("space", "tagged subject", "mentions"))
     for h in hits:
         add_row(table, h.record_id, f"{h.user_id}/{h.agent_id}/{h.run_id}", h.subject, ", ".join(h.identifiers))
     out.print(table)

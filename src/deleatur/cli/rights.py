@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..erasure.requests import check_request_id
 from ..errors import InvalidInputError
@@ -20,6 +19,7 @@ from .common import (
     app,
     check_output_path,
     emit,
+    new_table,
     open_memory,
     out,
     refuse_store_file,
@@ -62,9 +62,7 @@ def restrictions(as_json: JsonOpt = False) -> None:
     if as_json:
         emit(rows)
         return
-    table = Table()
-    for column in ("subject", "since", "actor", "reason"):
-        table.add_column(column)
+    table = new_table("subject", "since", "actor", "reason", free=("actor", "reason"))
     for r in rows:
         add_row(table, r["subject"], r["since"], r["actor"], r["reason"] or "(key destroyed)")
     out.print(table)
