@@ -217,6 +217,12 @@ def test_a_certificate_is_verified_as_its_text(client: Client, base_url: str, ad
         for reply in (as_string, httpx.post(url, content=as_object, headers=json_body)):
             assert reply.status_code == 200, reply.text
             assert_the_librarys_report(reply.json(), text, vkey, failed)
+    # Unpinned and without the store: its notes tell an HTTP caller what it can pin, and
+    # where the store's part is checked, not to pass options the route does not take.
+    unpinned = httpx.post(url, json={"certificate": json.dumps(client.certificate("TEXT-1"))}, headers=admin).json()
+    notes = " ".join(unpinned["notes"])
+    assert "expected_pubkey over HTTP" in notes and "`deleatur verify --store`, run where its files are" in notes
+    assert "pass --store" not in notes and "Pass --expected-pubkey" not in notes
     unreadable = httpx.post(url, json={"certificate": '{"certificate": '}, headers=admin)
     assert (unreadable.status_code, unreadable.json()["error"]["code"]) == (422, "invalid_input")
     assert unreadable.json()["error"]["message"].startswith("the certificate is not JSON: ")

@@ -236,22 +236,26 @@ def verify_certificate(
     if expected_checkpoint is None:
         report.add("pinned_checkpoint", None, "no checkpoint pinned")
         report.notes.append(
-            "NOT ANCHORED: no --expected-checkpoint; an operator holding the signing key could have "
+            "NOT ANCHORED: no checkpoint pinned; an operator holding the signing key could have "
             "rewritten the log and signed this certificate over it. Pin a checkpoint you obtained "
-            "earlier, or one a witness cosigned."
+            "earlier, or one a witness cosigned (`deleatur verify --expected-checkpoint`)."
         )
     else:
         report.add("pinned_checkpoint", *_pinned(expected_checkpoint, trusted, expected_key, checkpoint, store))
     if expected_key is None:
         report.notes.append(
             "KEY NOT PINNED: the key inside the certificate was trusted; a forged certificate carries its "
-            "own key. Pass --expected-pubkey with the store's key obtained out of band."
+            "own key. Pin the store's key, obtained out of band (--expected-pubkey; expected_pubkey over HTTP"
+            " and MCP)."
         )
 
     if store is None:
         for name in ("store_identity", "store_log", "store_absent"):
-            report.add(name, None, "no --store given")
-        report.notes.append("ABSENCE NOT CHECKED: pass --store to check the erased records are gone from the store.")
+            report.add(name, None, "the store was not consulted")
+        report.notes.append(
+            "ABSENCE NOT CHECKED: the store was not consulted; `deleatur verify --store`, run where its files"
+            " are, checks the erased records are gone from it."
+        )
         return report
     report.add("store_identity", *_store_identity(store_id, key, checkpoint, store))
     report.add("store_log", *_store_log(entries, checkpoint, store))

@@ -123,8 +123,9 @@ def verify_receipt(
             report.add("inclusion", False, exc.message.removeprefix("inclusion: "))
     if not pinned:
         report.notes.append(
-            "KEY NOT PINNED: the receipt was checked against the store's own key; pass --key with the "
-            "verifier key you obtained out of band, or a forged store and receipt would pass together."
+            "KEY NOT PINNED: the receipt was checked against the store's own key; pin the verifier key you"
+            " obtained out of band (--key; key over HTTP and MCP), or a forged store and receipt would pass"
+            " together."
         )
     return report
 

@@ -209,8 +209,8 @@ def verify_log(
         report.add("key_list", *_key_list(listed_keys, keys))
     if not pinned_keys:
         report.notes.append(
-            "KEY NOT PINNED: the log's own first key was trusted; "
-            "pass --expected-pubkey with a key obtained out of band."
+            "KEY NOT PINNED: the log's own first key was trusted; pin a key obtained out of band "
+            "(`deleatur log verify --expected-pubkey`)."
         )
     return report
 
