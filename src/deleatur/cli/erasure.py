@@ -239,7 +239,7 @@ def certificate(
     if out_file is not None:
         attested = document["certificate"]["erasure"]["records"]
         what = f"{attested} erasure(s) attested" if attested else "nothing was held: it attests no erasure"
-        out.print(f"wrote erasure certificate -> {out_file} ({what})")
+        out.print(f"wrote erasure certificate -> {visible(str(out_file))} ({what})")
 
 
 @app.command()
