@@ -346,6 +346,40 @@ Memory.init({str(tmp_path / "m.db")!r})
         Memory.init(tmp_path / "m.db")  # a store in use is never taken over
 
 
+def test_an_init_killed_in_the_middle_of_a_transaction_on_the_new_store_is_finished_by_init(tmp_path: Path) -> None:
+    """Killed inside SQLite's first transaction on the new file (as it turns on WAL),
+    init leaves a hot rollback journal beside it. Finishing the init must roll it back:
+    reading the file read-only, it met SQLite's refusal (ReadOnlyError, an internal error
+    at every retry)."""
+    store = tmp_path / "m.db"
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+import apsw
+from deleatur import Memory
+from deleatur.store import sqlite
+
+def killed_mid_transaction(path, *args, **kwargs):
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA cache_size = 1")  # pages spill into the file before the commit
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("CREATE TABLE t(x)")
+    conn.executemany("INSERT INTO t VALUES (randomblob(3000))", [()] * 50)
+    os._exit(9)
+
+sqlite.SQLiteBackend.open = killed_mid_transaction
+Memory.init({str(store)!r})
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    journal = store.with_name("m.db-journal")
+    assert journal.stat().st_size > 0 and store.stat().st_size > 4096  # a hot journal, a changed file
+    memory, _ = Memory.init(store)
+    with memory:
+        memory.remember("after the crash", subject="a")
+        assert memory.verify_log().ok
+    assert not journal.exists()
+
+
 @pytest.mark.parametrize(
     "paused_in",
     [

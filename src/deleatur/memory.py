@@ -2319,8 +2319,10 @@ class _Paging:
 
 
 def _holds_entries(store_path: Path) -> bool:
-    """Whether the store's log has any entry (read-only; a file not yet set up has none)."""
-    conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    """Whether the store's log has any entry (a file not yet set up has none). Opened to
+    write, though it only reads: an init killed inside SQLite's first transaction on the
+    file left a hot journal, which only a connection that may write can roll back."""
+    conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READWRITE)
     # The init that made the store may still be closing it (its last checkpoint locks it).
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     try:
