@@ -154,6 +154,41 @@ def test_lifting_the_restriction_of_a_subject_with_nothing_stored_leaves_no_key(
         assert memory.verify_log().ok
 
 
+def test_lifting_a_restriction_killed_after_it_committed_leaves_no_key_once_the_store_is_opened(
+    store_path: Path,
+) -> None:
+    """The restriction goes in the store's commit, the key's mark in the key store's: a
+    process killed between the two left the key of someone the store holds nothing on,
+    for good, and its audit entries went on naming them."""
+    with Memory.open(store_path, from_bytes(MASTER), create=True) as memory:
+        memory.new_signing_key()
+        memory.restrict("Ghost Person", reason="contested", actor="dpo")
+        assert _has_key(memory, "ghost person")
+    script = f"""
+import contextlib, os, sys
+sys.path.insert(0, {SRC!r})
+from deleatur import Memory, from_bytes
+m = Memory.open({str(store_path)!r}, from_bytes({MASTER!r}))
+logged = Memory._logged
+
+@contextlib.contextmanager
+def killed_once_committed(self, *args, **kwargs):
+    with logged(self, *args, **kwargs) as events:
+        yield events
+    os._exit(9)
+
+Memory._logged = killed_once_committed
+m.unrestrict("Ghost Person", actor="dpo")
+"""
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    with Memory.open(store_path, from_bytes(MASTER)) as memory:
+        assert memory.restrictions() == []
+        assert not _has_key(memory, "ghost person") and _marks(memory) == 0
+        lifted = [a for a in memory.audit_entries() if a.entry.type.value == "unrestrict"]
+        assert len(lifted) == 1 and lifted[0].subject is None  # its pseudonym names no one now
+        assert memory.verify_log().ok
+
+
 @pytest.mark.parametrize("stops", [None, "before destroying", "before unlisting"])
 def test_a_collection_never_takes_the_key_of_a_write_in_flight(
     store_path: Path, monkeypatch: pytest.MonkeyPatch, stops: str | None

@@ -94,6 +94,14 @@ def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
     canonical = canonical_subject(subject)
     actor = check_who(actor, "actor", missing="lifting a restriction needs an actor")
     ref = memory._subject_ref(canonical)
+    # A subject restricted before anything was stored about them got a key for the
+    # restriction alone (its sealed reason, its pseudonym): lifted, it is a key of which
+    # nothing is stored, and goes as one. The key store commits apart from the store, so
+    # the key is marked first: a crash between the two commits leaves a mark, which the
+    # next collection settles either way (a key still in use, by the restriction or by
+    # records, keeps it), where a mark made after the restriction went could be lost and
+    # the key with it kept for good. The call's end collects it unless it is in use.
+    memory.keys.mark(memory.keys.key_ids(memory.tenant, [ref]))
     with memory._logged() as events:
         found = memory.backend.restrictions(memory.tenant, ref)
         if not found or not memory.backend.delete_restriction(memory.tenant, ref):
@@ -101,11 +109,6 @@ def unrestrict(memory: Memory, subject: str, *, actor: str) -> None:
         now = memory._clock()
         fields = {"tenant": memory.tenant, "subject": str(found[0]["pseudonym"]), "actor": actor}
         events.append((Entry(EventType.UNRESTRICT, now, fields), None))
-    if not memory.backend.holds_subject(memory.tenant, ref):
-        # A subject restricted before anything was stored about them got a key for the
-        # restriction alone (its sealed reason, its pseudonym): lifted, it is a key of
-        # which nothing is stored, and goes as one (unless a write takes it up meanwhile).
-        memory.keys.mark(memory.keys.key_ids(memory.tenant, [ref]))
     memory.backend.scrub()
 
 
