@@ -442,6 +442,10 @@ def test_an_api_key_no_header_can_carry_is_bad_input(key: str) -> None:
         Client("http://deleatur.test", api_key=key)
     with pytest.raises(InvalidInputError, match="api_key must be a string"):
         Client("http://deleatur.test", api_key=b"key")  # type: ignore[arg-type]
+    for with_v1 in ("http://deleatur.test/v1", "http://deleatur.test/proxy/v1/"):
+        with pytest.raises(InvalidInputError, match=f"base_url {with_v1} ends in /v1: give the server's root"):
+            Client(with_v1)
+    Client("http://deleatur.test/proxy/").close()  # a server behind a path prefix
 
 
 @pytest.mark.parametrize(

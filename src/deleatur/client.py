@@ -227,6 +227,9 @@ class Client:
     ) -> None:
         if api_key is not None and not _API_KEY.fullmatch(check_type(api_key, str, "api_key")):
             raise InvalidInputError("api_key is not a deleatur API key: it must be printable ASCII, with no spaces")
+        if httpx.URL(check_type(base_url, str, "base_url")).path.rstrip("/").endswith("/v1"):
+            # Every route begins with /v1: given twice, every call would be a bare 404.
+            raise InvalidInputError(f"base_url {base_url} ends in /v1: give the server's root, the client adds /v1")
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self.http.headers.update(headers)
