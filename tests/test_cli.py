@@ -633,3 +633,16 @@ def test_ids_in_tables_are_whole_on_a_narrow_terminal(cli: Cli, store: Path, mon
         code, out, _ = cli(*command)
         assert code == 0 and max(map(len, out.splitlines())) <= 60
         assert any(f"│ {whole} │" in line for line in out.splitlines()), out
+
+
+def test_recall_scores_are_shown_to_three_significant_digits(cli: Cli, store: Path) -> None:
+    """In a store this small "phone" is in most records, whose scores BM25 makes tiny:
+    they still rank, and the table says so rather than 0.000 for each."""
+    cli("remember", "Bob's phone is +1 555 0100", "-s", "Bob")
+    cli("remember", "a note on something else", "-s", "Bob")
+    code, out, _ = cli("recall", "phone", "--json")
+    scores = [hit["score"] for hit in json.loads(out)]
+    assert code == 0 and len(scores) == 2 and all(0 < s < 1e-5 for s in scores)
+    code, out, _ = cli("recall", "phone")
+    assert code == 0 and "0.000" not in out
+    assert all(f"{s:.3g}" in out for s in scores)

@@ -65,7 +65,8 @@ def _records_table(
     table = new_table(*columns, free=("subject", "key", "text", "reason", "actor"))
     for r in records:
         row = [r.id, r.subject_original, r.key or "", r.status.value, r.text]
-        row += [f"{scores[r.id]:.3f}"] if scores is not None else []
+        # Significant digits: a word in most records of a small store scores ~1e-6.
+        row += [f"{scores[r.id]:.3g}"] if scores is not None else []
         row += [r.reason or "", r.actor or ""] if provenance else []
         add_row(table, *row)
     return table
