@@ -346,7 +346,7 @@ def build_server(
 
         def run(memory: Memory) -> CallToolResult:
             hits = memory.recall(query, space=Space(user_id, agent_id, run_id), limit=limit)
-            text = "\n".join(f"{_line(h.record)} ({h.score:.2f})" for h in hits) or "No matching memories."
+            text = "\n".join(f"{_line(h.record)} ({h.score:.3g})" for h in hits) or "No matching memories."
             return _ok(text, {"count": len(hits), "hits": [h.to_json() for h in hits]})
 
         return call(ctx, run)
