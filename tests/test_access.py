@@ -282,6 +282,24 @@ def test_another_tenant_sees_and_changes_nothing(memory: Memory) -> None:
     assert denied.value.missing == "operator"
 
 
+def test_only_the_operator_changes_the_signing_key_every_tenant_shares(memory: Memory) -> None:
+    """One tenant's admin replacing the key that signs every tenant's checkpoints,
+    receipts and certificates would break what the others' verifiers pinned."""
+    before = memory.announced_keys()
+    for tenant in ("default", "acme"):
+        admin, _ = memory.create_principal(f"{tenant} admin", Role.ADMIN, tenant=tenant)
+        view = memory.as_principal(admin)
+        for change in (view.rotate_signing_key, view.new_signing_key):
+            with pytest.raises(AccessDeniedError, match="is the deployment operator's alone") as denied:
+                change()
+            assert denied.value.missing == "operator"
+    assert memory.announced_keys() == before
+    denials = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["outcome"] == "denied"]
+    assert [f["action"] for f in denials] == ["log.rotate_key", "log.new_key"]  # this tenant's two refusals
+    memory.rotate_signing_key()  # the operator's own
+    assert len(memory.announced_keys()) == len(before) + 1
+
+
 def test_a_scoped_admin_grants_only_its_own_scopes(memory: Memory) -> None:
     scoped, _ = memory.create_principal("u1 admin", Role.ADMIN, scopes=["u1"])
     view = memory.as_principal(scoped)

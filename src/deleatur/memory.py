@@ -912,9 +912,17 @@ class Memory:
             return missing
         return LogError("this store has no signing key; run `deleatur keys new`")
 
+    def _operator_only(self, what: str) -> None:
+        """Refuse ``what`` to anyone but the deployment operator (a tenant's admin is
+        refused, and the refusal audited): it changes what every tenant shares."""
+        if not self.principal.operator:
+            raise self._deny(f"{what} is the deployment operator's alone", "operator")
+
     @guarded("log.new_key", A)
     def new_signing_key(self) -> Signer:
-        """Give a store its first signing key (announced as the first key of its log)."""
+        """Give a store its first signing key (announced as the first key of its log).
+        The deployment operator's alone, as is a rotation."""
+        self._operator_only("a store's signing key, on which every tenant's evidence rests,")
         if self.log.signer is not None:
             raise InvalidInputError("this store already has a signing key; run `deleatur keys rotate` to replace it")
         if self.backend.signing_keys():
@@ -949,7 +957,11 @@ class Memory:
         began with a key another rotation has replaced since (LogError), having changed
         nothing. Two at once wrote one pending key file, each over the other's: the first
         to commit moved the other's key into place, and the other announced its own as
-        the successor of a key no longer current, breaking the log's key chain."""
+        the successor of a key no longer current, breaking the log's key chain.
+
+        The deployment operator's alone: the key signs every tenant's checkpoints,
+        receipts and certificates, and their verifiers pin it."""
+        self._operator_only("rotating the signing key, on which every tenant's evidence rests,")
         old = self.log.signer
         if old is None:
             raise self._no_signer()
@@ -2064,8 +2076,7 @@ class Memory:
         """Prune audit (``call``) entries older than ``older_than_days``, leaving their leaf
         hashes and a retention anchor, so the log still verifies. The deployment
         operator's alone: a tenant's admin is refused, and the refusal audited."""
-        if not self.principal.operator:
-            raise self._deny("pruning audit entries is the deployment operator's alone", "operator")
+        self._operator_only("pruning audit entries")
         return prune_audit(self, older_than_days=check_number(older_than_days, "older_than_days"))
 
     # -- restriction (Art. 18) ------------------------------------------------------
