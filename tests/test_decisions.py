@@ -9,7 +9,17 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import Entry, EventType, IntegrityError, InvalidInputError, Memory, NotFoundError, Space
+from deleatur import (
+    Entry,
+    EventType,
+    IntegrityError,
+    InvalidInputError,
+    Memory,
+    NotFoundError,
+    Role,
+    Space,
+    SpaceFilter,
+)
 from deleatur.decisions.snapshots import CONTEXT, canonical
 from deleatur.rights.restriction import RestrictedSubjectError
 
@@ -269,3 +279,23 @@ def test_a_row_swapped_for_another_decision_or_moved_is_caught(memory: Memory) -
     with pytest.raises(IntegrityError, match=r"check 3 \(identity\)"):
         memory.explain_decision(second, space=Space("mallory"))
     assert alice
+
+
+def test_a_scoped_key_sees_no_redaction_by_an_erasure_beyond_its_scopes(memory: Memory) -> None:
+    """Its audit trail leaves such a redaction's entry out, and its status read of the
+    request is refused: the decision it reads must not show the request id (which may
+    name a person) either. A redaction by an erasure within its scopes it sees."""
+    u1 = Space("u1")
+    jules = memory.remember("Jules prefers tea", subject="Jules Roy", space=u1)
+    ann = memory.remember("Ann prefers coffee", subject="Ann", space=u1)
+    decision = memory.record_decision("served drinks", [jules.id, ann.id], space=u1)
+    memory.erase("Jules Roy", request_id="DSAR-JULES-ROY", basis=BASIS, requester="dpo")  # the whole tenant
+    memory.erase("Ann", request_id="U1-ANN", basis=BASIS, requester="dpo", scope=SpaceFilter("u1"))
+    full = memory.explain_decision(decision.id, space=u1)
+    assert [r["request"] for r in full.body["redactions"]] == ["DSAR-JULES-ROY", "U1-ANN"]
+    viewer, _ = memory.create_principal("u1 viewer", Role.VIEWER, scopes=["u1"])
+    seen = memory.as_principal(viewer).explain_decision(decision.id, space=u1)
+    assert [r["request"] for r in seen.body["redactions"]] == ["U1-ANN"]
+    assert "DSAR-JULES-ROY" not in json.dumps(seen.to_json())
+    assert [b["redacted"] for b in seen.body["beliefs"]] == [True, True]  # the beliefs still show as erased
+    assert seen.hash == full.hash  # the one logged: the shown body no longer hashes to it

@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .access import admin, calls
-from .access.audit import AuditTrail
+from .access.audit import AuditTrail, ScopedView
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.batch import AuditBatch, WriteGroup
@@ -1932,9 +1932,16 @@ class Memory:
     @guarded("decision.explain", R, in_space)
     def explain_decision(self, decision_id: str, *, space: Space = DEFAULT_SPACE) -> Decision:
         """The snapshot, after checking its hash and signature (IntegrityError names
-        the failed check); erased beliefs appear redacted."""
+        the failed check); erased beliefs appear redacted. To a key scoped to some users,
+        the redactions by erasures beyond its scopes are left out, as its audit trail
+        leaves out their entries: the body it gets then no longer hashes to ``hash``."""
         check_type(space, Space, "space")
-        return explain_decision(self, decision_id, space, self._verifiers())
+        decision = explain_decision(self, decision_id, space, self._verifiers())
+        if self.principal.scopes is None:
+            return decision
+        view = ScopedView(self, self.principal.scopes)
+        shown = [r for r in decision.body["redactions"] if view.shows_redaction(r)]
+        return replace(decision, body={**decision.body, "redactions": shown})
 
     # -- erasure (Art. 17) ---------------------------------------------------------
 

@@ -214,6 +214,11 @@ class ScopedView:
             fields["subject"] = "spsn:" + ref.hex()[:32]
         return Entry(entry.type, entry.time, fields)
 
+    def shows_redaction(self, redaction: Mapping[str, Any]) -> bool:
+        """Whether a decision's redaction is one its ``redact`` entry would be shown for:
+        not one by an erasure beyond the scopes, whose request id may name a person."""
+        return self._request(redaction.get("request")) is not False
+
     def _covers(self, user_id: str) -> bool:
         return self.memory.principal.covers([user_id], self.memory._user_ref)
 
