@@ -39,6 +39,7 @@ from deleatur.access.calls import REFUSALS_PER_SECOND
 from deleatur.access.principals import split_api_key
 from deleatur.erasure.engine import ConfirmationRequiredError
 from deleatur.erasure.verify import verify_certificate
+from deleatur.log.receipt import verify_receipt
 from deleatur.sqlitefile import first_try
 
 from .conftest import MASTER, Cli, FakeClock, store_files
@@ -280,6 +281,24 @@ def test_another_tenant_sees_and_changes_nothing(memory: Memory) -> None:
     with pytest.raises(AccessDeniedError, match="operator") as denied:
         memory.as_principal(tenant_admin).create_principal("spy", Role.ADMIN, tenant="acme")
     assert denied.value.missing == "operator"
+
+
+def test_a_scoped_key_proves_no_raw_log_entry_and_gets_receipts_of_its_records(memory: Memory) -> None:
+    """A raw entry is what the audit trail shows a scoped key only in part: another
+    user's calls, and the subject pseudonyms it could match to names it guesses."""
+    mine = memory.remember("Alice likes tea", subject="Alice", space=U1)
+    memory.remember("Bob likes coffee", subject="Bob", space=Space("u2"))
+    for role in (Role.AUDITOR, Role.MEMBER):
+        scoped, _ = memory.create_principal(f"u1 {role.value}", role, scopes=["u1"])
+        view = memory.as_principal(scoped)
+        for index in range(memory.backend.log_size()):
+            with pytest.raises(AccessDeniedError, match="proves no raw log entry") as denied:
+                view.prove(index)
+            assert denied.value.missing == "scope"
+        if role is Role.MEMBER:
+            receipt = view.receipt(mine.id, space=U1)
+            assert verify_receipt(receipt, memory.announced_keys(), pinned=True).ok
+    assert memory.prove(0).index == 0  # a tenant-wide key proves any of its tenant's entries
 
 
 def test_only_the_operator_changes_the_signing_key_every_tenant_shares(memory: Memory) -> None:

@@ -1133,8 +1133,17 @@ class Memory:
     @guarded("log.prove", (V, R), audit=False)
     def prove(self, index: int) -> TlogProof:
         """A C2SP tlog-proof that entry ``index`` is in the log; the entry rides in ``extra``.
-        Another tenant's entries are not handed out (key announcements belong to all)."""
+        Another tenant's entries are not handed out (key announcements belong to all), nor
+        any to a key scoped to some users: an entry proven is the raw one, which its audit
+        trail shows only in part (other users' calls, pseudonyms it can match to names).
+        Such a key proves its records' entries with :meth:`receipt`."""
         check_int(index, "index", low=0)
+        if self.principal.scopes is not None:
+            raise self._deny(
+                "a key scoped to some users proves no raw log entry (it may be about other users):"
+                " get a receipt of a record instead",
+                "scope",
+            )
         note = self._checkpoint()
         size = Checkpoint.parse(note.text).size
         if not index < size:
