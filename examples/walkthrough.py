@@ -44,6 +44,12 @@ def main() -> None:
         bob = run("remember", "Bob's phone is +1 555 0100", "--subject", "Bob Stone", "--key", "bob::phone")
         run("remember", "Bob asked for a refund on order 1042", "--subject", "bob stone", "--derived-from", bob)
         run("remember", "Support note for another customer", "--subject", "Carol", "--user", "user10")
+        # A few more, so that "phone" is in a minority of the records: BM25 weighs a word
+        # found in most of them next to nothing (scores of ~1e-6).
+        run("remember", "Alice works at Acme in Lyon", "--subject", "Alice Martin")
+        run("remember", "Bob's birthday is in May", "--subject", "Bob Stone")
+        run("remember", "Dan prefers the phone, never email, and asks for a call back", "--subject", "Dan Ray")
+        run("remember", "Dan's order 1043 shipped on Monday", "--subject", "Dan Ray")
 
         step("Recall ranks by BM25 within one memory space")
         run("recall", "phone")
