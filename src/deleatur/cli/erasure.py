@@ -148,7 +148,13 @@ def erase(
     agent: Annotated[str | None, typer.Option("--agent", "-a", help="Only this agent's spaces.")] = None,
     run: Annotated[str | None, typer.Option("--run", "-r", help="Only this run's spaces.")] = None,
     dry_run: DryRunOpt = False,
-    allow_ambiguous: Annotated[bool, typer.Option("--allow-ambiguous")] = False,
+    allow_ambiguous: Annotated[
+        bool,
+        typer.Option(
+            "--allow-ambiguous",
+            help="Erase although the subject's records spell its name in several ways (check the dry run first).",
+        ),
+    ] = False,
     issue_token: TokenOpt = False,
     confirm: ConfirmOpt = None,
     as_json: JsonOpt = False,
