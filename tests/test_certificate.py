@@ -14,7 +14,7 @@ from typing import Any
 import apsw
 import pytest
 
-from deleatur import DeleaturError, IntegrityError, Memory, NewMemory, Space, SpaceFilter, from_bytes
+from deleatur import DeleaturError, IntegrityError, Memory, NewMemory, Role, Space, SpaceFilter, from_bytes
 from deleatur.clock import from_isoformat, isoformat
 from deleatur.erasure import certificate as certificate_module
 from deleatur.erasure.certificate import signed_message
@@ -334,17 +334,21 @@ def test_a_certificate_states_what_its_erasure_did_with_the_key_not_what_came_af
 ) -> None:
     """Issued again after a later erasure destroyed the key this one kept, or after the
     subject was given a new key, a certificate still says what its own erasure did; so
-    does one of a request recorded before requests said it (from its other counts)."""
+    does one of a request recorded before requests said it (from its other counts), and
+    so does the certificate a key scoped to the erased user gets, without those counts.
+    An erasure that found the key already gone (R3), or never made (R4), says it is."""
     memory.remember("e1", subject="Eve")
     memory.remember("e2", subject="Eve", space=Space("u2"))
     memory.erase("Eve", request_id="R1", basis=BASIS, requester="dpo", scope=SpaceFilter("u2"))
     memory.erase("Eve", request_id="R2", basis=BASIS, requester="dpo")  # destroys the key R1 kept
+    memory.erase("Eve", request_id="R3", basis=BASIS, requester="dpo")
+    memory.erase("Nobody Held", request_id="R4", basis=BASIS, requester="dpo")
     conn = memory.backend._conn  # type: ignore[attr-defined]
     said = "SELECT json_extract(counts, '$.subject_key_destroyed') FROM erasure_requests ORDER BY id"
-    assert conn.execute(said).fetchall() == [(0,), (1,)]
+    assert conn.execute(said).fetchall() == [(0,), (1,), (1,), (1,)]
     if recorded_before:
         conn.execute("UPDATE erasure_requests SET counts = json_remove(counts, '$.subject_key_destroyed')")
-        assert conn.execute(said).fetchall() == [(None,), (None,)]
+        assert conn.execute(said).fetchall() == [(None,)] * 4
     kept = (
         False,
         [
@@ -353,7 +357,15 @@ def test_a_certificate_states_what_its_erasure_did_with_the_key_not_what_came_af
         ],
     )
     assert _key_statement(memory.certificate("R1")) == kept
-    assert _key_statement(memory.certificate("R2")) == (True, [])
+    scoped, _ = memory.create_principal("u2 auditor", Role.AUDITOR, scopes=["u2"])
+    hidden = memory.as_principal(scoped).certificate("R1")
+    assert "kept_in_other_spaces" not in hidden["certificate"]["request"]["counts"]
+    assert _key_statement(hidden) == (
+        False,
+        ["copies of the database taken before the erasure: the subject's key was kept"],
+    )
+    for request_id in ("R2", "R3", "R4"):
+        assert _key_statement(memory.certificate(request_id)) == (True, []), request_id
     memory.remember("e3", subject="Eve")  # a new key for the subject
     assert _key_statement(memory.certificate("R2")) == (True, [])
     for request_id in ("R1", "R2"):

@@ -2029,7 +2029,7 @@ class Memory:
         request = settle(self, get_request(self, request_id))
         calls.name_request_users(self, request)
         # A key scoped to users gets a certificate without the counts beyond its scopes.
-        return build_certificate(self, request if self.principal.scopes is None else request.beyond_scopes_hidden())
+        return build_certificate(self, request, beyond_scopes_hidden=self.principal.scopes is not None)
 
     @guarded("erasure.residue", R)
     def residue(self, subject: str, identifiers: Iterable[str]) -> builtins.list[ResidueHit]:

@@ -147,7 +147,12 @@ def _subject_key_destroyed(memory: Memory, request: ErasureRequest) -> bool:
     return counts.get("keys_destroyed", 0) > 0 or not memory.keys.has_key(memory.tenant, request.subject_ref)
 
 
-def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]:
+def build_certificate(memory: Memory, request: ErasureRequest, *, beyond_scopes_hidden: bool = False) -> dict[str, Any]:
+    """``beyond_scopes_hidden``: the certificate of a key scoped to some users, without the
+    counts beyond its scopes (which still tell what the erasure did with the key)."""
+    key_destroyed = None if request.subject_ref is None else _subject_key_destroyed(memory, request)
+    if beyond_scopes_hidden:
+        request = request.beyond_scopes_hidden()
     request_id = request.id
     if request.status is not RequestStatus.COMPLETE:
         raise InvalidInputError(
@@ -189,8 +194,7 @@ def build_certificate(memory: Memory, request: ErasureRequest) -> dict[str, Any]
             " no certificate is issued",
             request_id=request_id,
         )
-    if request.subject_ref is not None:
-        key_destroyed = _subject_key_destroyed(memory, request)
+    if key_destroyed is not None:
         other_keys_kept = max(subjects - destroyed, 0) if key_destroyed else max(subjects - destroyed - 1, 0)
     else:
         key_destroyed = subjects > 0 and destroyed >= subjects
