@@ -628,8 +628,10 @@ def test_ids_in_tables_are_whole_on_a_narrow_terminal(cli: Cli, store: Path, mon
     record_id = out.strip()
     code, out, _ = cli("principals", "create", "a bot", "--role", "viewer", "--json")
     principal_id = json.loads(out)["id"]
+    assert cli("erase", "Alice", "--request-id", "DSAR-2026-000123", "--basis", "Art. 17(1)(a)")[0] == 0
     monkeypatch.setenv("COLUMNS", "60")
-    for command, whole in ((("list",), record_id), (("principals", "list"), principal_id)):
+    tables = ((("list",), record_id), (("principals", "list"), principal_id), (("requests",), "DSAR-2026-000123"))
+    for command, whole in tables:
         code, out, _ = cli(*command)
         assert code == 0 and max(map(len, out.splitlines())) <= 60
         assert any(f"│ {whole} │" in line for line in out.splitlines()), out

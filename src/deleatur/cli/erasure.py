@@ -213,7 +213,17 @@ def requests(as_json: JsonOpt = False) -> None:
     if as_json:
         emit(rows)
         return
-    table = new_table("id", "kind", "subject", "status", "records", "received", "deadline", "met")
+    table = new_table(
+        "id",
+        "kind",
+        "subject",
+        "status",
+        "records",
+        "received",
+        "deadline",
+        "met",
+        free=("subject", "received", "deadline"),
+    )
     for r in rows:
         met = {True: "yes", False: "NO", None: "open"}[r["deadline_met"]]
         add_row(
