@@ -114,7 +114,8 @@ def test_witness_commands(cli: Cli, store: Path, tmp_path: Path) -> None:
     assert code == 2
     latest_size = cli("log", "checkpoint")[1].splitlines()[1]
     # The refusal says how to make the request it takes; done, the witness cosigns.
-    assert f"latest size for {_vkey(cli).split('+')[0]} is {latest_size}: send the log's consistency" in err
+    assert f"latest size for {_vkey(cli).split('+')[0]} is {latest_size}: send a proof from the log's" in err
+    assert err.endswith("then `deleatur log consistency last.txt`)\n")
     last = tmp_path / "last.txt"
     assert f"`deleatur log checkpoint --size {latest_size} --out last.txt`" in err
     cli("remember", "more still", "-s", "a")

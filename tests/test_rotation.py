@@ -24,7 +24,7 @@ from deleatur.log.keychain import KeyChain
 from deleatur.log.note import Note, NoteError, Signer
 from deleatur.log.receipt import Receipt, verify_receipt
 from deleatur.log.tlog import rotation_message
-from deleatur.log.witness import UntrustedCheckpointError, Witness, WitnessError, parse_rotation_proof
+from deleatur.log.witness import ConflictError, UntrustedCheckpointError, Witness, WitnessError, parse_rotation_proof
 from deleatur.store.evidence import StoreEvidence
 
 from .conftest import Cli, FakeClock, resume, start_paused
@@ -176,6 +176,11 @@ def test_a_witness_follows_a_rotation_endorsed_by_the_key_it_trusts(
     assert witness.logs()[0][1] == new.vkey
     [signature] = witness.add_checkpoint(memory.consistency_request(seen))
     assert witness.cosigner.verifier.verify(memory.checkpoint().text, signature) > 0
+    # A rotation proof from a checkpoint the witness has moved past says how to make one.
+    memory.rotate_signing_key()
+    latest = witness.logs()[0][2]
+    with pytest.raises(ConflictError, match=rf"latest size .* is {latest}: .*`deleatur log rotation-proof last.txt`"):
+        witness.update_log(memory.public_key().vkey, memory.rotation_proof(seen))
     witness.close()
 
 

@@ -296,10 +296,12 @@ class Witness:
         if old_size > checkpoint.size:
             raise WitnessError(f"old size {old_size} is larger than the checkpoint's {checkpoint.size}")
         if old_size != seen_size:
+            # An update to a new key (signer given) is proven by a rotation proof.
+            making = "log rotation-proof" if signer is not None else "log consistency"
             raise ConflictError(
-                f"the witness's latest size for {checkpoint.origin} is {seen_size}: send the log's consistency"
-                f" from its checkpoint of that size (`deleatur log checkpoint --size {seen_size} --out last.txt`,"
-                " then `deleatur log consistency last.txt`)",
+                f"the witness's latest size for {checkpoint.origin} is {seen_size}: send a proof from the"
+                f" log's checkpoint of that size (`deleatur log checkpoint --size {seen_size} --out last.txt`,"
+                f" then `deleatur {making} last.txt`)",
                 seen_size,
             )
         if old_size == checkpoint.size and seen_size > 0 and seen_root != checkpoint.root:
