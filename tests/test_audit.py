@@ -267,8 +267,8 @@ def test_audit_cli(cli: Cli, tmp_path: Path) -> None:
     state = tmp_path / "auditor.state"
     code, out, _ = cli("audit", "verify")
     # The note names the option that anchors this command, which it takes.
-    assert code == 0 and "NOT ANCHORED: no --state file holding the checkpoint of an earlier passing" in out
-    assert "--expected-checkpoint" not in out
+    assert code == 0 and "(`deleatur audit verify --state FILE, which keeps the checkpoint of each passing" in out
+    assert "(`deleatur audit verify --expected-pubkey`)" in out and "--expected-checkpoint" not in out
     code, out, _ = cli("audit", "verify", "--state", str(state))
     assert code == 0 and "VERDICT: PASS" in out
     code, out, _ = cli("audit", "verify", "--state", str(state))

@@ -1343,7 +1343,8 @@ class Memory:
         pinned_keys: builtins.list[Verifier] | None = None,
         pinned_checkpoint: Note | None = None,
         size: int | None = None,
-        pin_with: str = "--expected-checkpoint",
+        pin_with: str = "deleatur log verify --expected-checkpoint FILE",
+        key_with: str = "deleatur log verify --expected-pubkey",
     ) -> Report:
         refused = None
         if size is not None:
@@ -1370,6 +1371,7 @@ class Memory:
             consistency=self.log.consistency_proof,
             listed_keys=[(k, v, i) for k, v, i, _ in self.backend.signing_keys() if size is None or i < size],
             pin_with=pin_with,
+            key_with=key_with,
         )
         if refused is not None:
             report.notes.append(f"NOT SIGNED: {refused.message}")

@@ -260,7 +260,8 @@ def verify(
         pinned_keys=pinned_keys,
         pinned_checkpoint=pinned,
         size=size,
-        pin_with="--state file holding the checkpoint of an earlier passing verification (a first run writes it)",
+        pin_with="deleatur audit verify --state FILE, which keeps the checkpoint of each passing verification",
+        key_with="deleatur audit verify --expected-pubkey",
     )
     if report.ok and state is not None:
         latest = memory.backend.checkpoint(size)

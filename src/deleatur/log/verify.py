@@ -70,11 +70,14 @@ def verify_log(
     pinned_checkpoint: Note | None = None,
     consistency: Callable[[int, int], list[bytes]] | None = None,
     listed_keys: Iterable[tuple[str, str, int]] | None = None,
-    pin_with: str = "--expected-checkpoint",
+    pin_with: str = "deleatur log verify --expected-checkpoint FILE",
+    key_with: str = "deleatur log verify --expected-pubkey",
 ) -> Report:
     """``listed_keys``: the store's list of its signing keys (key id, verifier key, index of
     the announcing entry), compared with the log's announcements in check 9. ``pin_with``
-    names, in the note of an unpinned verification, what would have pinned it."""
+    and ``key_with`` name, in the notes of an unpinned verification, the command that
+    pins a checkpoint and a key (the notes reach HTTP and MCP callers too, who pin
+    neither: the command is where they can)."""
     report = Report("log")
     cps = sorted(checkpoints)
     notes_by_size: dict[int, Note] = {}
@@ -188,9 +191,9 @@ def verify_log(
     if pinned_checkpoint is None:
         report.add("pinned", None, "no earlier checkpoint pinned")
         report.notes.append(
-            f"NOT ANCHORED: no {pin_with}, so the log was checked against itself only; "
+            "NOT ANCHORED: no checkpoint pinned, so the log was checked against itself only; "
             "whoever holds the signing key can rewrite or trim it and re-sign. Pin a checkpoint "
-            "you obtained earlier or one cosigned by a witness."
+            f"you obtained earlier or one cosigned by a witness (`{pin_with}`)."
         )
     else:
         report.add(
@@ -209,8 +212,7 @@ def verify_log(
         report.add("key_list", *_key_list(listed_keys, keys))
     if not pinned_keys:
         report.notes.append(
-            "KEY NOT PINNED: the log's own first key was trusted; pin a key obtained out of band "
-            "(`deleatur log verify --expected-pubkey`)."
+            f"KEY NOT PINNED: the log's own first key was trusted; pin a key obtained out of band (`{key_with}`)."
         )
     return report
 
