@@ -95,7 +95,7 @@ def run_auth(workdir: Path, rounds: int, calls: int) -> dict[str, Any]:
     def decision() -> None:
         # The guard's entry alone (request id, capability and scope check), then what
         # its exit does for an unaudited success.
-        call = scoped._enter_call("get", Capability.READ, (USER,), None)
+        call = scoped._enter_call("get", Capability.READ, (USER,), None, {})
         call.audit, call.logged = False, True
         scoped._leave_call(call, None)
 

@@ -711,9 +711,9 @@ def test_agents_purge_only_with_the_token_of_their_dry_run(memory: Memory, clock
     view = memory.as_principal(agent)
     with pytest.raises(ConfirmationRequiredError) as refused:
         view.purge()
-    assert refused.value.message == (  # names what to do, in the library's words and the CLI's
-        "this caller must confirm: run a dry run with issue_token (--dry-run --issue-token), then present its"
-        " token as confirmation (--confirm TOKEN)"
+    assert refused.value.message == (  # what to do, in each interface's words
+        "this caller must confirm: run a dry run that issues a token (a dry run over MCP does; CLI --dry-run"
+        " --issue-token; issue_token elsewhere), then present the token as confirmation (CLI --confirm TOKEN)"
     )
     assert len(list(memory.list(include_history=True))) == 1
     plan = view.purge(dry_run=True, issue_token=True, request_id="RET-1")

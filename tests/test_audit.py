@@ -12,7 +12,17 @@ from pathlib import Path
 import apsw
 import pytest
 
-from deleatur import AccessDeniedError, Entry, EventType, InvalidInputError, Memory, Role, Space, SpaceFilter
+from deleatur import (
+    AccessDeniedError,
+    DeleaturError,
+    Entry,
+    EventType,
+    InvalidInputError,
+    Memory,
+    Role,
+    Space,
+    SpaceFilter,
+)
 from deleatur.log.merkle import leaf_hash
 
 from .conftest import Cli, FakeClock, store_files, truncate_log
@@ -401,3 +411,21 @@ def test_a_dry_run_is_told_from_the_erasure_it_plans_in_the_trail(memory: Memory
     assert erases[0]["subject"] == erases[1]["subject"]
     (purged,) = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["action"] == "purge"]
     assert purged["dry_run"] is True
+    # Refused ones too: beyond a scoped key's scopes, without a basis, given a token.
+    scoped, _ = memory.create_principal("u1 member", Role.MEMBER, scopes=["u1"])
+    view = memory.as_principal(scoped)
+    refusals: list[Callable[[], object]] = [
+        lambda: view.erase("Dora", request_id="D-2", basis=BASIS, requester="dpo", dry_run=True),
+        lambda: memory.erase("Dora", request_id="D-3", basis="", requester="dpo", dry_run=True),
+        lambda: memory.erase("Dora", request_id="D-4", basis=BASIS, requester="dpo", dry_run=True, confirmation="t"),
+    ]
+    for refused in refusals:
+        with pytest.raises(DeleaturError):
+            refused()
+    refused_ids = ("D-2", "D-3", "D-4")
+    later = [a.entry.fields for a in memory.audit_entries(calls_only=True) if a.entry.fields["request"] in refused_ids]
+    assert [(f["request"], f["outcome"], f.get("dry_run")) for f in later] == [
+        ("D-2", "denied", True),
+        ("D-3", "failed", True),
+        ("D-4", "failed", True),
+    ]

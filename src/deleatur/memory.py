@@ -648,11 +648,16 @@ class Memory:
     # The guard's hooks (see deleatur.access.guard); the logic is in deleatur.access.calls.
 
     def _enter_call(
-        self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
+        self,
+        action: str,
+        capability: Capability | tuple[Capability, ...],
+        users: Iterable[str] | None,
+        request: Any,
+        extra: dict[str, Any],
     ) -> Call:
         self._take_turn()
         try:
-            call = calls.enter(self, action, capability, users, request)
+            call = calls.enter(self, action, capability, users, request, extra=extra)
         except BaseException:
             self._shared.turn.release()
             raise

@@ -40,10 +40,12 @@ def enter(
     capability: Capability | tuple[Capability, ...],
     users: Iterable[str] | None,
     request: Any,
+    *,
+    extra: dict[str, Any],
 ) -> Call:
     memory._refresh()
     # A caller's request id names the call only if it is a well-formed one.
-    call = Call(action, request if is_request_id(request) else memory._ids.new(), None)
+    call = Call(action, request if is_request_id(request) else memory._ids.new(), None, extra=dict(extra))
     principal = memory.principal
     wanted = capability if isinstance(capability, tuple) else (capability,)
     if not principal.operator and _revoked(memory, principal):
@@ -92,14 +94,6 @@ def of_request(memory: Memory, args: tuple[Any, ...], kwargs: Mapping[str, Any])
 #: The user a request beyond a scoped key's scopes reaches, as far as that key can tell:
 #: no user id has a control character, so no scope covers it.
 _BEYOND_SCOPES = "\x00beyond the key's scopes"
-
-
-def mark_dry_run(memory: Memory) -> None:
-    """Say in the current call's audit entry that it only planned: a dry run's entry was
-    the erasure's to the letter, its action, subject and request id included."""
-    call = current(memory)
-    if call is not None:
-        call.extra["dry_run"] = True
 
 
 def name_request_users(memory: Memory, request: ErasureRequest) -> None:

@@ -95,7 +95,12 @@ class Call:
 
 class Guarded(Protocol):
     def _enter_call(
-        self, action: str, capability: Capability | tuple[Capability, ...], users: Iterable[str] | None, request: Any
+        self,
+        action: str,
+        capability: Capability | tuple[Capability, ...],
+        users: Iterable[str] | None,
+        request: Any,
+        extra: dict[str, Any],
     ) -> Call: ...
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None: ...
@@ -119,7 +124,10 @@ def guarded(
         @functools.wraps(method)
         def wrapper(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
             request = args[at] if at is not None and at < len(args) else kwargs.get("request_id")
-            call = self._enter_call(action, capability, reach(self, args, kwargs), request)
+            # A dry run's entry says so, the refused one's too: it names the same action,
+            # subject and request id as the erasure it plans.
+            extra: dict[str, Any] = {"dry_run": True} if kwargs.get("dry_run") is True else {}
+            call = self._enter_call(action, capability, reach(self, args, kwargs), request, extra)
             call.audit, call.logged = audit, not audit
             try:
                 result = method(self, *args, **kwargs)

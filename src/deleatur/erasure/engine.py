@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..access import calls
 from ..access.principals import OPERATOR_ID, Role, rescope_erased_user
 from ..decisions.snapshots import pseudonymize_spaces, summary_key_ref
 from ..decisions.snapshots import redact as redact_decisions
@@ -354,7 +353,6 @@ def erase(
             request_id=request_id,
         )
     if dry_run:
-        calls.mark_dry_run(memory)
         plan = build_plan(memory, subject=canonical, scope=scope, retention=retention)
         token = None
         if issue_token:
@@ -411,8 +409,9 @@ def erase(
     # audit log has the call), so it cannot hold an id another caller means to use.
     if confirmation is None and (require_confirmation or memory.principal.role is Role.AGENT):
         raise ConfirmationRequiredError(
-            "this caller must confirm: run a dry run with issue_token (--dry-run --issue-token), then present"
-            " its token as confirmation (--confirm TOKEN)",
+            "this caller must confirm: run a dry run that issues a token (a dry run over MCP does; CLI"
+            " --dry-run --issue-token; issue_token elsewhere), then present the token as confirmation (CLI"
+            " --confirm TOKEN)",
             request_id=request_id,
         )
     token_hash = None if confirmation is None else _token_hash(confirmation)
