@@ -98,8 +98,7 @@ def test_of_two_secrets_written_to_one_path_the_first_placed_stays_whole(tmp_pat
     secret = tmp_path / "secret"
     write = f"""
 from pathlib import Path
-from deleatur.crypto.master import default_key_file
-from deleatur.crypto.signing import signing_key_path, write_text_secret
+from deleatur.crypto.signing import write_text_secret
 try:
     write_text_secret(Path({str(secret)!r}), sys.argv[1])
     print("placed")
@@ -138,8 +137,7 @@ def test_secrets_written_to_one_path_together_place_one_whole_and_refuse_the_res
 _KILLED_BEFORE_PLACING = """
 import errno, os, sys
 from pathlib import Path
-from deleatur.crypto.master import default_key_file
-from deleatur.crypto.signing import signing_key_path, write_text_secret
+from deleatur.crypto.signing import write_text_secret
 {without_unnamed_files}
 os.link = lambda *args, **kwargs: os._exit(9)
 write_text_secret(Path(sys.argv[1]), sys.argv[2])
@@ -208,8 +206,7 @@ def test_a_secret_a_killed_writer_left_named_goes_at_the_next_write_of_that_secr
     write = """
 import sys
 from pathlib import Path
-from deleatur.crypto.master import default_key_file
-from deleatur.crypto.signing import signing_key_path, write_text_secret
+from deleatur.crypto.signing import write_text_secret
 write_text_secret(Path(sys.argv[1]), "the new secret")
 """
     subprocess.run([sys.executable, "-c", write, str(path)], check=True)
@@ -244,7 +241,8 @@ def _use(store: Path, witness_state: Path) -> None:
         memory.remember("signed again", subject="a")
 
 
-@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o644, 0o666])
+# Refused whoever owns the file (root's may be group-readable: see below).
+@pytest.mark.parametrize("mode", [0o660, 0o604, 0o620, 0o602, 0o644, 0o666])
 @pytest.mark.parametrize("which", ["master key", "signing key", "witness key"])
 def test_a_key_file_other_users_may_read_or_change_is_refused(tmp_path: Path, which: str, mode: int) -> None:
     store, state = tmp_path / "m.db", tmp_path / "w.db"
@@ -263,28 +261,45 @@ def test_a_key_file_other_users_may_read_or_change_is_refused(tmp_path: Path, wh
         assert sorted(r.text for r in memory.list()) == ["signed", "signed again"]  # the refused call wrote nothing
 
 
-def test_a_key_file_is_checked_by_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PostgreSQL's rule for its server key: the user's own file 0600 at most, or
-    root's file 0640 at most (a secret a service reads through its group); never a
-    file another user owns. Run as root, the process is given another user's id so
-    that root's file is someone else's."""
+def test_a_key_file_another_user_owns_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever owns it could have read the key, or put theirs in its place. The process is
+    given another user's id, so that the file it wrote is someone else's."""
     key_file = tmp_path / "master.key"
     write_text_secret(key_file, MASTER.hex())
     Memory.open(tmp_path / "m.db", from_file(key_file), create=True).close()
+    owner = key_file.stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    if owner == 0:  # root's own file is another rule's (below): make it someone else's
+        os.chown(key_file, 4343, -1)
+        owner = 4343
+    with pytest.raises(ExposedKeyFileError, match=rf"key file {key_file} is owned by another user \(uid {owner}\)"):
+        Memory.open(tmp_path / "m.db", from_file(key_file))
+    monkeypatch.setattr(os, "geteuid", lambda: owner)
+    Memory.open(tmp_path / "m.db", from_file(key_file)).close()
+    key_file.chmod(0o640)  # its owner's, not root's: no group may read it
+    with pytest.raises(ExposedKeyFileError, match=r"has mode 0640: other users may read or change it"):
+        Memory.open(tmp_path / "m.db", from_file(key_file))
+
+
+def test_a_key_file_of_root_may_be_group_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's rule for its server key: the user's own file 0600 at most, or root's
+    0640 at most (a secret a service reads through its group, as a Kubernetes secret
+    mounted with an fsGroup), whoever reads it, root included."""
     if os.geteuid() != 0:
-        pytest.fail("this test changes a file's owner: it must run as root")
-    monkeypatch.setattr(os, "geteuid", lambda: 4242)
-    key_file.chmod(0o640)  # root's, group-readable: allowed
-    Memory.open(tmp_path / "m.db", from_file(key_file)).close()
-    key_file.chmod(0o660)
-    with pytest.raises(ExposedKeyFileError, match=r"has mode 0660: other users may read or change it"):
-        Memory.open(tmp_path / "m.db", from_file(key_file))
+        pytest.skip("makes a file of root's: run as root (CI does)")
+    key_file = tmp_path / "master.key"
+    write_text_secret(key_file, MASTER.hex())
+    Memory.open(tmp_path / "m.db", from_file(key_file), create=True).close()
+    for reader in (0, 4242):  # root itself, and a service account
+        monkeypatch.setattr(os, "geteuid", lambda reader=reader: reader)
+        for allowed in (0o640, 0o440, 0o400):
+            key_file.chmod(allowed)
+            Memory.open(tmp_path / "m.db", from_file(key_file)).close()
+        for refused in (0o660, 0o644, 0o604):
+            key_file.chmod(refused)
+            with pytest.raises(ExposedKeyFileError, match=rf"has mode {refused:04o}: other users may read or change"):
+                Memory.open(tmp_path / "m.db", from_file(key_file))
     key_file.chmod(0o600)
-    os.chown(key_file, 4343, -1)
-    with pytest.raises(ExposedKeyFileError, match=rf"key file {key_file} is owned by another user \(uid 4343\)"):
-        Memory.open(tmp_path / "m.db", from_file(key_file))
-    os.chown(key_file, 4242, -1)
-    Memory.open(tmp_path / "m.db", from_file(key_file)).close()
 
 
 def test_a_store_in_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:

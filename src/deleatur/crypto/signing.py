@@ -184,10 +184,10 @@ def read_text_secret(path: Path) -> str:
 
 def _check_private(path: Path, st: os.stat_result) -> None:
     mode = st.st_mode & 0o777
-    if st.st_uid == os.geteuid():
-        exposed = mode & 0o077
-    elif st.st_uid == 0:
+    if st.st_uid == 0:  # whoever reads it, root too: root chose the group it shares it with
         exposed = mode & 0o037
+    elif st.st_uid == os.geteuid():
+        exposed = mode & 0o077
     else:
         raise ExposedKeyFileError(f"key file {path} is owned by another user (uid {st.st_uid}); refusing to use it")
     if exposed:
