@@ -574,6 +574,13 @@ def test_bidirectional_formatting_is_shown_as_codes(cli: Cli) -> None:
     assert "Ann\\u202eeve" in out and "pay \\u202eevil\\u202c now" in out
     code, out, _ = cli("list", "--json")
     assert json.loads(out)[0]["text"] == "pay \u202eevil\u202c now"  # stored as given
+    # So in a decision's summary, and a principal's name as whoami shows it.
+    code, out, _ = cli("decision", "record", "refund \u202edenied\u202c", "--used", json.loads(out)[0]["id"], "--json")
+    code, out, _ = cli("decision", "explain", json.loads(out)["decision"]["id"])
+    assert code == 0 and "\u202e" not in out and "refund \\u202edenied\\u202c" in out
+    code, out, _ = cli("principals", "create", "bot\u202eevil", "--role", "viewer", "--json")
+    code, out, _ = cli("--api-key", json.loads(out)["api_key"], "whoami")
+    assert code == 0 and "\u202e" not in out and out.startswith("bot\\u202eevil (")
 
 
 def test_invisible_format_characters_are_shown_as_codes(cli: Cli) -> None:

@@ -1146,7 +1146,7 @@ class Memory:
         if self.principal.scopes is not None:
             raise self._deny(
                 "a key scoped to some users proves no raw log entry (it may be about other users):"
-                " get a receipt of a record instead",
+                " a record's entry is proven by the record's receipt, which a key that may read it gets",
                 "scope",
             )
         note = self._checkpoint()

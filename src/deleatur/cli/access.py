@@ -43,9 +43,11 @@ def whoami(as_json: JsonOpt = False) -> None:
         return
     scopes = described["scopes"]
     out.print(
-        f"{described['name']} ({described['id']}): {described['role']} of tenant {described['tenant']!r},"
-        f" capabilities {', '.join(described['capabilities'])},"  # type: ignore[arg-type]
-        f" {'all users' if scopes is None else 'users ' + ', '.join(scopes)}",  # type: ignore[arg-type]
+        visible(
+            f"{described['name']} ({described['id']}): {described['role']} of tenant {described['tenant']!r},"
+            f" capabilities {', '.join(described['capabilities'])},"  # type: ignore[arg-type]
+            f" {'all users' if scopes is None else 'users ' + ', '.join(scopes)}"  # type: ignore[arg-type]
+        )
     )
 
 
@@ -180,7 +182,7 @@ def explain_decision(
         emit(decision.to_json())
         return
     body = decision.body
-    out.print(f"decision {decision.id}: {body['summary']}")
+    out.print(f"decision {decision.id}: {visible(body['summary'])}")
     out.print(f"signature verified ({decision.signed_by}); sha256 {decision.hash}")
     table = new_table("record", "key", "value", "confidence", "log index", free=("key", "value"))
     for b in body["beliefs"]:
@@ -188,4 +190,4 @@ def explain_decision(
         add_row(table, b["record"], b["key"] or "", value, str(b["confidence"] or ""), str(b["log_index"]))
     out.print(table)
     for r in body["redactions"]:
-        out.print(f"redacted by {r['by']} {r['request']}: {len(r['records'])} belief(s)")
+        out.print(f"redacted by {r['by']} {visible(r['request'])}: {len(r['records'])} belief(s)")
