@@ -33,7 +33,7 @@ from .access.audit import AuditTrail, ScopedView
 from .access.audit import entries as audit_entries
 from .access.audit import verify as verify_audit
 from .access.batch import AuditBatch, WriteGroup
-from .access.guard import Call, guarded, in_space, no_user, of_filter, of_scopes, of_user
+from .access.guard import Call, Needed, guarded, in_space, no_user, of_filter, of_scopes, of_user
 from .access.principals import Capability, Principal, Role
 from .clock import Clock, Random, isoformat, parse_when, system_clock, system_random
 from .crypto.keystore import _LENGTH, KeyStore, _frame
@@ -648,12 +648,7 @@ class Memory:
     # The guard's hooks (see deleatur.access.guard); the logic is in deleatur.access.calls.
 
     def _enter_call(
-        self,
-        action: str,
-        capability: Capability | tuple[Capability, ...],
-        users: Iterable[str] | None,
-        request: Any,
-        extra: dict[str, Any],
+        self, action: str, capability: Needed, users: Iterable[str] | None, request: Any, extra: dict[str, Any]
     ) -> Call:
         self._take_turn()
         try:

@@ -16,7 +16,7 @@ from ..erasure.requests import ErasureRequest, check_request_id, is_request_id, 
 from ..errors import AccessDeniedError, DeleaturError, InvalidInputError, StoreBusyError
 from ..log.entries import Entry, EventType
 from ..model import canonical_subject
-from .guard import Call
+from .guard import Call, Needed
 from .principals import Capability, Principal
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def deny(memory: Memory, message: str, missing: str) -> AccessDeniedError:
 def enter(
     memory: Memory,
     action: str,
-    capability: Capability | tuple[Capability, ...],
+    capability: Needed,
     users: Iterable[str] | None,
     request: Any,
     *,

@@ -36,6 +36,8 @@ R = TypeVar("R")
 #: Which user ids a call touches, from the handle it is made on and its arguments:
 #: None for the whole tenant.
 Reach = Callable[[Any, tuple[Any, ...], Mapping[str, Any]], Iterable[str] | None]
+#: What a call needs: one capability, or any of several.
+Needed = Capability | tuple[Capability, ...]
 
 
 def tenant_wide(_memory: object, _args: tuple[Any, ...], _kwargs: Mapping[str, Any]) -> None:
@@ -95,12 +97,7 @@ class Call:
 
 class Guarded(Protocol):
     def _enter_call(
-        self,
-        action: str,
-        capability: Capability | tuple[Capability, ...],
-        users: Iterable[str] | None,
-        request: Any,
-        extra: dict[str, Any],
+        self, action: str, capability: Needed, users: Iterable[str] | None, request: Any, extra: dict[str, Any]
     ) -> Call: ...
 
     def _leave_call(self, call: Call, error: BaseException | None) -> None: ...
@@ -113,7 +110,7 @@ G = TypeVar("G", bound=Guarded)
 
 
 def guarded(
-    action: str, capability: Capability | tuple[Capability, ...], reach: Reach = tenant_wide, *, audit: bool = True
+    action: str, capability: Needed, reach: Reach = tenant_wide, *, audit: bool = True
 ) -> Callable[[Callable[Concatenate[G, P], R]], Callable[Concatenate[G, P], R]]:
     def decorate(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:
         # Where a request id may come positionally (erasure_request("DSAR-1")), so that
