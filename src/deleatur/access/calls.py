@@ -45,7 +45,7 @@ def enter(
 ) -> Call:
     memory._refresh()
     # A caller's request id names the call only if it is a well-formed one.
-    call = Call(action, request if is_request_id(request) else memory._ids.new(), None, extra=dict(extra))
+    call = Call(action, request if is_request_id(request) else memory._ids.new(), None, extra=extra)
     principal = memory.principal
     wanted = capability if isinstance(capability, tuple) else (capability,)
     if not principal.operator and _revoked(memory, principal):
