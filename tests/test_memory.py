@@ -320,6 +320,13 @@ def test_text_size_cap_is_configurable(store_path: Path) -> None:
         with pytest.raises(InvalidInputError, match="9 bytes, over the 8-byte limit"):
             mem.remember("123456789", subject="a")
         assert mem.remember("12345678", subject="a").text == "12345678"
+        # So is the metadata's size, as JSON: read back with the record, it is as large.
+        with pytest.raises(InvalidInputError, match=r"metadata is 9 bytes as JSON, over the 8-byte limit"):
+            mem.remember("a", subject="a", metadata={"k": "v"})
+        with pytest.raises(InvalidInputError, match="metadata is"):
+            mem.remember_many([NewMemory("a", subject="a"), NewMemory("b", subject="a", metadata={"k": "vv"})])
+        assert [r.text for r in mem.list()] == ["12345678"]
+        assert mem.remember("b", subject="a", metadata={"k": ""}).metadata == {"k": ""}  # 8 bytes
 
 
 def test_very_common_terms_give_way_to_rare_ones(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:

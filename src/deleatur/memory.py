@@ -96,6 +96,7 @@ from .model import (
     canonical_subject,
     check_int,
     check_items,
+    check_metadata_size,
     check_number,
     check_optional,
     check_path,
@@ -1559,6 +1560,7 @@ class Memory:
         now = self._clock()
         for item in batch:
             validate_text(item.text, self.max_text_bytes)
+            check_metadata_size(item.metadata, self.max_text_bytes)
             if item.expires_at is not None and item.expires_at <= now:
                 # Such a record would never be recalled, and the next purge would erase it.
                 raise InvalidInputError(f"expires_at {isoformat(item.expires_at)} is in the past")

@@ -310,6 +310,15 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     return decoded
 
 
+def check_metadata_size(metadata: Mapping[str, Any], max_bytes: int) -> None:
+    """A record's metadata, as JSON, within the store's size limit for a record's text:
+    stored with it, it is read back with it (a server's answer, an agent's context)."""
+    if metadata:
+        size = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        if size > max_bytes:
+            raise InvalidInputError(f"metadata is {size} bytes as JSON, over the {max_bytes}-byte limit")
+
+
 def _depth(value: Any) -> int:
     """How deeply ``value`` nests, without recursion (it may be thousands deep), as its
     JSON will; a key that is not a string is refused: json.dumps would turn 1, 1.5, True
