@@ -197,8 +197,14 @@ async def _tour(session: ClientSession) -> None:
         "Nothing to purge: no record is due, and no request was recorded (the audit log has the call)."
     )
     assert nothing_due.structured_content is not None and nothing_due.structured_content["nothing_due"]
+    dry = await _call(session, "purge_expired", older_than_days=0, dry_run=True)
+    assert dry.structured_content is not None
+    kept = dry.structured_content["plan"]["kept_restricted"]
+    assert kept > 0  # the subject restricted above: its records stay, and the dry run says so
+    assert f" Would keep {kept} record(s) of restricted subjects (Art. 18).\n  confirmation token" in _text(dry)
     purged = await _call(session, "purge_expired", older_than_days=0, request_id="RET-7")
-    assert _text(purged).startswith("Purged ") and "older than 0 days [request RET-7]" in _text(purged)
+    assert _text(purged).startswith("Purged ")
+    assert f"past their expiry or older than 0 days [request RET-7]. Kept {kept} record(s)" in _text(purged)
     again = await _data(session, "purge_expired", older_than_days=0, request_id="RET-7")
     assert again["request"]["id"] == "RET-7" and again["repeated"]
 

@@ -130,23 +130,33 @@ def _kept(records: int | None) -> str:
     return f" {records} record(s) of the subject outside this scope are kept, and its data key with them."
 
 
+def _dry_run(result: ErasureResult, what: str, kept: str = "") -> str:
+    """A dry run's message; ``kept`` says what it would keep, before its token."""
+    plan = result.plan
+    assert plan is not None
+    text = f"Dry run: would erase {plan.total} record(s) for {what} ({len(plan.lineage)} through lineage)."
+    text += _kept(plan.kept_elsewhere) + kept
+    if plan.ambiguous:
+        text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
+    if plan.erases_restricted:
+        text += (
+            f" Warning: {plan.erases_restricted} of them are of restricted subjects (Art. 18), and would go"
+            " all the same."
+        )
+    if result.token:
+        text += f"\n  confirmation token (single use, 15 min): {result.token}"
+    return text
+
+
+def _restricted(records: int, keeps: str = "kept") -> str:
+    """A purge's records past their retention kept for their restricted subjects."""
+    return f" {keeps.capitalize()} {records} record(s) of restricted subjects (Art. 18)." if records else ""
+
+
 def _erasure(result: ErasureResult, what: str, *, account: bool = False) -> CallToolResult:
     """The seeds' messages: ``Erased 2 record(s) for 'x'; ...`` or ``No records found for 'x'.``"""
     if result.request is None:
-        assert result.plan is not None
-        plan = result.plan
-        text = f"Dry run: would erase {plan.total} record(s) for {what} ({len(plan.lineage)} through lineage)."
-        text += _kept(plan.kept_elsewhere)
-        if plan.ambiguous:
-            text += f" The subject matches {len(plan.spellings)} spellings: pass allow_ambiguous to erase them all."
-        if plan.erases_restricted:
-            text += (
-                f" Warning: {plan.erases_restricted} of them are of restricted subjects (Art. 18), and would go"
-                " all the same."
-            )
-        if result.token:
-            text += f"\n  confirmation token (single use, 15 min): {result.token}"
-        return _ok(text, result.to_json(system_clock()))
+        return _ok(_dry_run(result, what), result.to_json(system_clock()))
     request = result.request
     records = request.counts.get("records", 0)
     again = "Already done: " if result.repeated else ""
@@ -597,19 +607,21 @@ def build_server(
                 issue_token=dry_run,
                 confirmation=confirmation,
             )
-            if result.nothing_due:
-                assert result.plan is not None
-                text = NOTHING_DUE.capitalize() + "."
-                restricted = result.plan.kept_restricted
-            elif result.request is None:
-                return _erasure(result, "the retention policy")
-            else:
-                records = result.request.counts.get("records", 0)
-                age = f" older than {older_than_days:g} days" if older_than_days is not None else " past their expiry"
-                text = f"Purged {records} record(s){age} [request {result.request.id}]."
+            # Expired records always go; with older_than_days, those written earlier too.
+            due = " past their expiry" + (
+                f" or older than {older_than_days:g} days" if older_than_days is not None else ""
+            )
+            if result.request is not None:
                 restricted = result.request.counts.get("kept_restricted", 0)
-            if restricted:
-                text += f" Kept {restricted} record(s) of restricted subjects (Art. 18)."
+                records = result.request.counts.get("records", 0)
+                text = f"Purged {records} record(s){due} [request {result.request.id}]." + _restricted(restricted)
+            else:
+                assert result.plan is not None
+                restricted = result.plan.kept_restricted
+                if result.nothing_due:
+                    text = NOTHING_DUE.capitalize() + "." + _restricted(restricted)
+                else:
+                    text = _dry_run(result, "the retention policy", _restricted(restricted, "would keep"))
             return _ok(text, result.to_json(system_clock()))
 
         return call(ctx, run, erasure=True)
