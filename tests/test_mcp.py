@@ -838,6 +838,16 @@ def test_list_pages_and_exports_are_capped_by_bytes(tmp_path: Path) -> None:
     async def run(session: ClientSession) -> None:
         await session.initialize()
         assert await _pages(session, "list_memories", user_id="bytes") == pages
+        # A recall holds its best hits that fit, and names the rest (the SDK's client
+        # refused an answer of 20 hits of 60 KiB each).
+        recalled = await _call(session, "recall", query="x" * 1000, user_id="bytes")
+        found = recalled.structured_content
+        assert found is not None and found["count"] == 2 and len(found["left_out"]) == 5
+        shown = {hit["id"] for hit in found["hits"]}
+        assert shown.isdisjoint(found["left_out"]) and shown | set(found["left_out"]) == {
+            i for page in pages for i in page if i not in pages[3]
+        }
+        assert _text(recalled).endswith(f"read them with get_memory: {', '.join(found['left_out'])}")
         refused = await session.call_tool("export_memory", {"user_id": "bytes"})
         assert refused.is_error and refused.structured_content is not None
         assert refused.structured_content["error"]["code"] == "result_too_large"

@@ -44,6 +44,7 @@ from .calls import (
     list_page,
     new_request_id,
     public_key,
+    record_bytes,
 )
 from .defaults import DEFAULT_BASIS, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, ResultTooLargeError, error_info
@@ -51,8 +52,8 @@ from .pool import HandlePool
 
 Ctx = Context[Any, Any]
 F = TypeVar("F", bound=Callable[..., CallToolResult])
-#: The most a page of list_memories (by calls.record_bytes) or an export_memory answer
-#: holds. An answer is built whole, and carries its records twice (as text and as
+#: The most a page of list_memories, a recall (by calls.record_bytes) or an export_memory
+#: answer holds. An answer is built whole, and carries its records twice (as text and as
 #: structured content); the SDK's own client refuses one over 1 MiB.
 MAX_RESULT_BYTES = 256 * 1024
 
@@ -356,8 +357,22 @@ def build_server(
 
         def run(memory: Memory) -> CallToolResult:
             hits = memory.recall(query, space=Space(user_id, agent_id, run_id), limit=limit)
-            text = "\n".join(f"{_line(h.record)} ({h.score:.3g})" for h in hits) or "No matching memories."
-            return _ok(text, {"count": len(hits), "hits": [h.to_json() for h in hits]})
+            # The best hits that fit one answer (the first always does), and the ids of the rest.
+            shown, size = 0, 0
+            for hit in hits:
+                size += record_bytes(hit.record)
+                if shown and size > max_result_bytes:
+                    break
+                shown += 1
+            left_out = [h.record.id for h in hits[shown:]]
+            text = "\n".join(f"{_line(h.record)} ({h.score:.3g})" for h in hits[:shown]) or "No matching memories."
+            if left_out:
+                text += (
+                    f"\n{len(left_out)} more hit(s) left out, past the {max_result_bytes} bytes an answer holds;"
+                    f" read them with get_memory: {', '.join(left_out)}"
+                )
+            data = {"count": shown, "hits": [h.to_json() for h in hits[:shown]], "left_out": left_out}
+            return _ok(text, data)
 
         return call(ctx, run)
 
