@@ -291,6 +291,21 @@ def test_stdio_refuses_a_message_that_repeats_a_key(tmp_path: Path) -> None:
         lone = answer()
         assert (lone["id"], lone["error"]["data"]["code"]) == (8, "invalid_request")
         assert "not valid UTF-8" in lone["error"]["message"]
+        # What the SDK cannot read at all it left unanswered, its client waiting for good.
+        send("")  # a blank line is nobody's message: skipped, unanswered
+        send("garbage")
+        garbage = answer()
+        assert (garbage["id"], garbage["error"]["message"]) == (None, "invalid_request: the message is not JSON")
+        send(call.replace('"id": 2', '"id": 9')[:-1])  # cut short: whose, it cannot tell
+        assert answer()["id"] is None
+        nested = '{"a": ' * 150 + "1" + "}" * 150
+        deep = call.replace('"id": 2', '"id": 10').replace('"dup"', '"d", "metadata": ' + nested)
+        send(deep.replace(', "user_id": "bob"', ""))
+        too_deep = answer()
+        assert (too_deep["id"], too_deep["error"]["message"]) == (
+            10,
+            "invalid_request: the message is nested more than 100 levels deep",
+        )
         send(call.replace('"id": 2', '"id": 4').replace(', "user_id": "bob"', ""))
         done = answer()
         assert done["id"] == 4 and not done["result"]["isError"], done

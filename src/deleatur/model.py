@@ -303,7 +303,7 @@ def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"metadata is not valid JSON: {exc}") from None
-    if _depth(metadata) > MAX_METADATA_DEPTH:
+    if json_depth(metadata) > MAX_METADATA_DEPTH:
         # Deeper values break JSON encoders downstream (the servers, exports).
         raise InvalidInputError(f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     decoded: dict[str, Any] = json.loads(encoded)
@@ -319,18 +319,19 @@ def check_metadata_size(metadata: Mapping[str, Any], max_bytes: int) -> None:
             raise InvalidInputError(f"metadata is {size} bytes as JSON, over the {max_bytes}-byte limit")
 
 
-def _depth(value: Any) -> int:
+def json_depth(value: Any, what: str = "metadata") -> int:
     """How deeply ``value`` nests, without recursion (it may be thousands deep), as its
-    JSON will; a key that is not a string is refused: json.dumps would turn 1, 1.5, True
-    and None into "1", "1.5", "true" and "null", and {1: "a", "1": "b"} into one key.
-    Walked once json.dumps took the value, so it is finite and acyclic."""
+    JSON will; a key that is not a string is refused, naming ``what``: json.dumps would
+    turn 1, 1.5, True and None into "1", "1.5", "true" and "null", and {1: "a", "1": "b"}
+    into one key. Walked once json.dumps took the value (or json.loads made it), so it
+    is finite and acyclic."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
         if isinstance(item, Mapping):
             for key in item:
                 if not isinstance(key, str):
-                    raise InvalidInputError(f"metadata keys must be strings, not {_a(type(key))}")
+                    raise InvalidInputError(f"{what} keys must be strings, not {_a(type(key))}")
             children: Iterable[Any] = item.values()
         elif isinstance(item, list | tuple):
             children = item

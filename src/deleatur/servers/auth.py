@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import AuthenticationError, InvalidInputError
 from ..memory import Memory
-from ..model import loads_unique
+from ..model import json_depth, loads_unique
 from .defaults import DEFAULT_MAX_SESSIONS, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, error_info
 from .pool import HandlePool
@@ -258,25 +258,40 @@ async def _read_body(scope: Scope, receive: Receive) -> tuple[Receive, ErrorInfo
     return replay, refusal
 
 
-def misread(message: str | bytes, what: str) -> ErrorInfo | None:
+def misread(message: str | bytes, what: str, *, unread_too: bool = False) -> ErrorInfo | None:
     """The refusal of a JSON-RPC ``message`` that the SDK's parser would misread: one that
     repeats a key in one object, which it reads with the key's last value (so a tool call
     naming ``user_id`` twice reached the second user, where the HTTP API refuses the same
-    body), or holds an integer of more digits than Python converts. None for any other,
-    JSON or not: what is not JSON is the transport's to answer (or not, as the SDK's
-    stdio transport does not). So is one holding an escaped lone surrogate (``"\\ud800"``),
-    which the SDK's parser refuses, and its stdio transport then left unanswered."""
+    body), or holds an integer of more digits than Python converts. So is one holding an
+    escaped lone surrogate (``"\\ud800"``), which the SDK's parser refuses, and its stdio
+    transport then left unanswered. None for any other; with ``unread_too``, what the
+    SDK's parser cannot read at all is refused too: a message that is not JSON, or nests
+    deeper than :data:`MAX_MESSAGE_DEPTH`, which its HTTP transport answers as a parse
+    error and its stdio transport left unanswered, its client waiting for good."""
     try:
         parsed = loads_unique(message, what)
     except InvalidInputError as exc:
         return ErrorInfo(422, "invalid_request", exc.message)
-    except (ValueError, RecursionError):
-        return None
+    except ValueError:
+        return ErrorInfo(400, "invalid_request", f"{what} is not JSON") if unread_too else None
+    except RecursionError:
+        return _too_deep(what) if unread_too else None
+    if unread_too and json_depth(parsed, what) > MAX_MESSAGE_DEPTH:
+        return _too_deep(what)
     try:
         json.dumps(parsed, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return ErrorInfo(422, "invalid_request", f"{what} holds a string that is not valid UTF-8 (a lone surrogate)")
     return None
+
+
+#: The deepest a message may nest (a tool call's arguments, metadata 32 levels deep,
+#: fit well within it); the SDK's parser gives up at 200.
+MAX_MESSAGE_DEPTH = 100
+
+
+def _too_deep(what: str) -> ErrorInfo:
+    return ErrorInfo(422, "invalid_request", f"{what} is nested more than {MAX_MESSAGE_DEPTH} levels deep")
 
 
 #: JSON-RPC's code for an error of the server's own (its range -32000 to -32099).

@@ -2,7 +2,9 @@
 (:func:`.auth.misread`): a message that repeats a key in one object, say.
 
 The SDK's transport parses each line of stdin itself, keeping a repeated key's last
-value, so the check reads each line before it does. A request it refuses is answered
+value, and leaves a line it cannot parse (not JSON, or nested too deep) unanswered,
+its client waiting for good; so the check reads each line before it does, and refuses
+those too. A request it refuses is answered
 with the gate's JSON-RPC error under the request's own id, since the client waits for
 an answer to each request it sent; under a null id if the id cannot be told (the line
 is not JSON to its end, or its id is repeated, or neither a string nor an integer), as
@@ -62,7 +64,8 @@ class _Checked(anyio.AsyncFile[str]):
 
     async def __aiter__(self) -> AsyncIterator[str]:
         while line := await self.readline():
-            refused = misread(line, "the message")
+            # A blank line is none of the client's messages: the SDK skips it.
+            refused = misread(line, "the message", unread_too=True) if line.strip() else None
             if refused is None:
                 yield line
                 continue
@@ -74,7 +77,7 @@ class _Checked(anyio.AsyncFile[str]):
                 print(_DROPPED, file=sys.stderr, flush=True)
 
 
-_DROPPED = "deleatur: dropped a message that the SDK would misread (a key repeated in one object, say)"
+_DROPPED = "deleatur: dropped a message that the SDK would misread or not read (a key repeated in one object, say)"
 
 
 def _request_id(line: str) -> tuple[bool, str | int | None]:
