@@ -301,6 +301,17 @@ def test_a_scoped_key_proves_no_raw_log_entry_and_gets_receipts_of_its_records(m
     assert memory.prove(0).index == 0  # a tenant-wide key proves any of its tenant's entries
 
 
+def test_a_scoped_key_refused_beyond_its_scopes_is_told_to_name_one_of_its_users(memory: Memory) -> None:
+    scoped, _ = memory.create_principal("u1 agent", Role.AGENT, scopes=["u1"])
+    view = memory.as_principal(scoped)
+    with pytest.raises(AccessDeniedError, match=r"outside this key's scopes \(give the user_id of one of them") as one:
+        view.remember("x", subject="Carol")  # the default space: user "default"
+    with pytest.raises(AccessDeniedError, match=r"beyond this key's scopes \(give the user_id of one of them"):
+        view.erase("Carol", request_id="E-9", basis=BASIS, requester="t", dry_run=True)
+    assert one.value.missing == "scope"
+    assert view.remember("x", subject="Carol", space=U1).text == "x"
+
+
 def test_only_the_operator_changes_the_signing_key_every_tenant_shares(memory: Memory) -> None:
     """One tenant's admin replacing the key that signs every tenant's checkpoints,
     receipts and certificates would break what the others' verifiers pinned."""

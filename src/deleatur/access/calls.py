@@ -34,6 +34,11 @@ def deny(memory: Memory, message: str, missing: str) -> AccessDeniedError:
     return AccessDeniedError(message, missing=missing, request_id=None if call is None else call.request)
 
 
+#: What a key scoped to some users is told when a call reaches beyond them: a call names
+#: user "default" unless told otherwise, which is seldom one of the key's users.
+_NAME_ONE = "give the user_id of one of them: whoami lists them"
+
+
 def enter(
     memory: Memory,
     action: str,
@@ -58,12 +63,12 @@ def enter(
         problem, missing = None, ""
         verifying = Capability.VERIFY in wanted and Capability.VERIFY in principal.capabilities
         if principal.scopes is not None and not verifying:
-            problem, missing = "reaches every user of the tenant, beyond this key's scopes", "scope"
+            problem, missing = f"reaches every user of the tenant, beyond this key's scopes ({_NAME_ONE})", "scope"
     else:
         call.users = tuple(users)
         problem, missing = None, ""
         if not principal.covers(call.users, memory._user_ref):
-            problem, missing = "reaches a user outside this key's scopes", "scope"
+            problem, missing = f"reaches a user outside this key's scopes ({_NAME_ONE})", "scope"
     if problem is not None:
         call.outcome, call.error = "denied", missing
         append(memory, call)
