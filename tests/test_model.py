@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deleatur import IntegrityError, InvalidInputError, Memory, NewMemory, Space, canonical_subject, from_bytes
+from deleatur import (
+    DeleaturError,
+    IntegrityError,
+    InvalidInputError,
+    Memory,
+    NewMemory,
+    Space,
+    canonical_subject,
+    from_bytes,
+)
 from deleatur.clock import LATEST, from_datetime, from_isoformat, isoformat, to_datetime
 from deleatur.crypto.keystore import _frame
 from deleatur.memory import _payload
@@ -236,3 +245,19 @@ def test_a_records_associated_data_frames_its_id_and_subject(tmp_path: Path) -> 
             assert memory._aad(record_id, subject_ref) == prefix + _frame((record_id, subject_ref))
 
         framed()
+
+
+def test_an_error_quotes_at_most_64_characters_of_the_callers_value(memory: Memory) -> None:
+    """An error message goes back to the caller, and into logs, whole: a 10,000-character
+    id was quoted in full (twice over MCP, in the text and the structured content)."""
+    long_id = "x" * 10_000
+    for refused in (
+        lambda: memory.get(long_id),
+        lambda: memory.remember("a", subject="a", expires_at=long_id),  # type: ignore[arg-type]
+        lambda: memory.explain_decision(long_id),
+    ):
+        with pytest.raises(DeleaturError) as caught:
+            refused()
+        assert "'" + "x" * 62 + "…" in caught.value.message and len(caught.value.message) < 200
+    with pytest.raises(DeleaturError, match="'abc' is not a record id"):
+        memory.get("abc")  # a short value, whole

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from .errors import quoted
+
 #: A clock returns the current time as integer microseconds since the Unix epoch.
 Clock = Callable[[], int]
 #: A source of random bytes, called with the number of bytes wanted.
@@ -86,8 +88,8 @@ def parse_when(value: str, now: int) -> int:
             when = from_isoformat(text)
         except ValueError:
             raise ValueError(
-                f"{value!r} is neither microseconds, an ISO 8601 time nor a delay like 30d, 12h, 15m"
+                f"{quoted(value)} is neither microseconds, an ISO 8601 time nor a delay like 30d, 12h, 15m"
             ) from None
     if not 0 <= when <= LATEST:
-        raise ValueError(f"{value!r} is {'before 1970' if when < 0 else 'after the year 9999'}")
+        raise ValueError(f"{quoted(value)} is {'before 1970' if when < 0 else 'after the year 9999'}")
     return when

@@ -46,6 +46,16 @@ error message ends up in logs, and logs must not hold erased plaintext.
 
 from __future__ import annotations
 
+#: The most of a caller's value an error message quotes: the message is sent back, and
+#: logged, whole (an id of 10,000 characters was quoted twice over MCP).
+QUOTED_MAX = 64
+
+
+def quoted(value: object) -> str:
+    """``repr(value)`` for an error message, cut to :data:`QUOTED_MAX` characters."""
+    shown = repr(value)
+    return shown if len(shown) <= QUOTED_MAX else shown[: QUOTED_MAX - 1] + "…"
+
 
 class DeleaturError(Exception):
     """Root of every error deleatur raises on purpose."""

@@ -12,7 +12,7 @@ import uuid
 from typing import TypeGuard
 
 from .clock import Clock, Random, system_clock, system_random
-from .errors import InvalidInputError
+from .errors import InvalidInputError, quoted
 
 
 class IdGenerator:
@@ -73,5 +73,5 @@ def check_record_id(value: object, what: str | None = None) -> str:
     """A record id, else an InvalidInputError quoting it (after ``what``, the argument's
     name, when there is one)."""
     if not is_record_id(value):
-        raise InvalidInputError(f"{'' if what is None else what + ': '}{value!r} is not a record id")
+        raise InvalidInputError(f"{'' if what is None else what + ': '}{quoted(value)} is not a record id")
     return value

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthenticationError, InvalidInputError, NotFoundError
+from ..errors import AuthenticationError, InvalidInputError, NotFoundError, quoted
 from ..model import check_items, check_name, check_tenant, check_type, erased_ref
 from .calls import deny, refused_key, system_entry
 from .principals import (
@@ -130,7 +130,7 @@ def revoke(memory: Memory, principal_id: str) -> None:
     check_type(principal_id, str, "principal_id")
     with memory._logged():
         if not memory.backend.revoke_principal(memory.tenant, principal_id, memory._clock()):
-            raise NotFoundError(f"no active principal {principal_id!r} in tenant {memory.tenant!r}")
+            raise NotFoundError(f"no active principal {quoted(principal_id)} in tenant {memory.tenant!r}")
 
 
 def rescope_erased_accounts(memory: Memory, erased: list[tuple[str, list[str]]]) -> None:

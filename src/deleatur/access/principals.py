@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import AuthenticationError, InvalidInputError
+from ..errors import AuthenticationError, InvalidInputError, quoted
 from ..model import ERASED_USER, Space, check_name, check_type, erased_ref, one_line
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def parse_role(value: str) -> Role:
     try:
         return Role(check_type(value, str, "role"))
     except ValueError:
-        raise InvalidInputError(f"unknown role {value!r}; roles are {', '.join(r.value for r in Role)}") from None
+        raise InvalidInputError(f"unknown role {quoted(value)}; roles are {', '.join(r.value for r in Role)}") from None
 
 
 def new_api_key(principal_id: str, secret: bytes) -> tuple[str, bytes]:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError, InvalidInputError, NotFoundError
+from ..errors import IntegrityError, InvalidInputError, NotFoundError, quoted
 from ..ids import check_record_id
 from ..log.entries import Entry, EventType
 from ..log.note import Verifier
@@ -204,7 +204,7 @@ def _open(memory: Memory, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 def explain(memory: Memory, decision_id: str, space: Space, verifiers: Iterable[Verifier]) -> Decision:
     row = memory.backend.decision(memory.tenant, check_type(decision_id, str, "decision_id"))
     if row is None or Space(row["user_id"], row["agent_id"], row["run_id"]) != space:
-        raise NotFoundError(f"no decision {decision_id!r} in this space")
+        raise NotFoundError(f"no decision {quoted(decision_id)} in this space")
     return _verified(memory, decision_id, row, verifiers)
 
 
@@ -213,7 +213,7 @@ def explain_any(memory: Memory, decision_id: str, verifiers: Iterable[Verifier])
     show only the beliefs about what they export)."""
     row = memory.backend.decision(memory.tenant, decision_id)
     if row is None:
-        raise NotFoundError(f"no decision {decision_id!r}")
+        raise NotFoundError(f"no decision {quoted(decision_id)}")
     return _verified(memory, decision_id, row, verifiers)
 
 

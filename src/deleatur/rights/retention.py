@@ -18,7 +18,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..erasure.engine import erase
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, quoted
 from ..log.entries import Entry, EventType
 from ..log.merkle import leaf_hash
 from ..log.retention import digest, pruned, pruned_leaf
@@ -49,7 +49,7 @@ def _setting(memory: Memory, kind: str) -> str:
 
 def set_policy(memory: Memory, kind: str, days: float | None) -> None:
     if kind not in KINDS:
-        raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {kind!r}")
+        raise InvalidInputError(f"retention applies to spaces of kind {', '.join(KINDS)}, not {quoted(kind)}")
     # At least a second: a shorter one (1e-12 days) was stored as 0 µs, and every record
     # of the kind was born expired, written but never recalled.
     if days is not None and not _MIN_DAYS <= check_number(days, "days") <= MAX_DAYS:
