@@ -253,7 +253,7 @@ def test_an_error_quotes_at_most_64_characters_of_the_callers_value(memory: Memo
     long_id = "x" * 10_000
     for refused in (
         lambda: memory.get(long_id),
-        lambda: memory.remember("a", subject="a", expires_at=long_id),  # type: ignore[arg-type]
+        lambda: memory.remember("a", subject="a", expires_at=long_id),
         lambda: memory.explain_decision(long_id),
     ):
         with pytest.raises(DeleaturError) as caught:
