@@ -519,8 +519,9 @@ def erase(
             if subject_ref is not None:
                 # What this erasure did with the subject's key, for its certificate: the
                 # key store can only say what holds now, after later erasures and writes.
-                gone = not memory.keys.has_key(memory.tenant, subject_ref)  # never made, or destroyed before
-                counts[SUBJECT_KEY_DESTROYED] = int(subject_ref in destroy or gone)
+                # Destroyed now, or gone already: never made, or destroyed before.
+                gone = subject_ref in destroy or not memory.keys.has_key(memory.tenant, subject_ref)
+                counts[SUBJECT_KEY_DESTROYED] = int(gone)
             if kind is RequestKind.ACCOUNT:
                 counts["decisions_pseudonymized"] = moved
                 counts["principals_rescoped"] = rescoped

@@ -299,9 +299,11 @@ class _Export:
     def decisions(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The snapshots that used the exported records; ``requests``: the exported erasure requests."""
         request_ids = {r["id"] for r in requests}
+        # Read, and their announcements checked, once for every snapshot.
+        verifiers = self.memory._verifiers() if self.decision_ids else []
         out = []
         for decision_id in sorted(self.decision_ids):
-            body = explain_any(self.memory, decision_id, self.memory._verifiers()).body
+            body = explain_any(self.memory, decision_id, verifiers).body
             mine = [b for b in body["beliefs"] if b["record"] in self.exported_ids]
             # A redaction names the request that took records from the snapshot (an
             # erasure's, or a rectification's new record) and the records it took: another

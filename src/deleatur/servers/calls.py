@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..erasure.verify import pinned_key_for, verify_certificate
@@ -117,6 +117,15 @@ def history_page(
     ``Memory.versions``, so each page is a ``history`` call in the audit trail, and a key
     with no version a failed one, as the library's ``history`` makes them."""
     return _page(lambda most: memory.versions(key, space=space, limit=most, after=after), limit, max_bytes)
+
+
+def fitting(records: Sequence[Record], max_bytes: int) -> int:
+    """How many of ``records``, from the first, one answer holds: as :func:`_page` pages
+    them, at most ``max_bytes`` of them but for a first record larger than that."""
+    if not records:
+        return 0
+    page, _ = _page(lambda most: iter(records[:most]), len(records), max_bytes)
+    return len(page)
 
 
 def _page(read: Callable[[int], Iterator[Record]], limit: int, max_bytes: int) -> tuple[list[Record], str | None]:

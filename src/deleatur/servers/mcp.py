@@ -40,11 +40,11 @@ from .calls import (
     Exports,
     check_certificate,
     check_receipt,
+    fitting,
     history_page,
     list_page,
     new_request_id,
     public_key,
-    record_bytes,
 )
 from .defaults import DEFAULT_BASIS, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_SESSIONS_PER_PRINCIPAL
 from .errors import ErrorInfo, ResultTooLargeError, error_info
@@ -358,12 +358,7 @@ def build_server(
         def run(memory: Memory) -> CallToolResult:
             hits = memory.recall(query, space=Space(user_id, agent_id, run_id), limit=limit)
             # The best hits that fit one answer (the first always does), and the ids of the rest.
-            shown, size = 0, 0
-            for hit in hits:
-                size += record_bytes(hit.record)
-                if shown and size > max_result_bytes:
-                    break
-                shown += 1
+            shown = fitting([h.record for h in hits], max_result_bytes)
             left_out = [h.record.id for h in hits[shown:]]
             text = "\n".join(f"{_line(h.record)} ({h.score:.3g})" for h in hits[:shown]) or "No matching memories."
             if left_out:
